@@ -1,0 +1,1 @@
+"""Analyzers: pure functions of a TraceBundle that return typed facts (hermes_kb.analyzers)."""

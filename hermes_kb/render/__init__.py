@@ -1,0 +1,1 @@
+"""Renderers: turn typed results into terminal tables, Markdown, HTML or JSON."""

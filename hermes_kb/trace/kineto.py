@@ -1,0 +1,316 @@
+"""Read one Kineto (PyTorch profiler) trace file into a RankTrace.
+
+Decoding: one msgspec pass splits ``traceEvents`` into raw slices; events are then decoded a
+chunk at a time into ``Event`` structs (args left raw), partitioned by category, and each
+category's args decoded in one call into a category struct. Builders turn each chunk into
+numpy columns, so neither a dict per event nor all event structs at once ever exist.
+Times become float64 µs relative to the file's earliest event; the loader then puts every
+rank on the bundle's common origin.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import zlib
+from collections import defaultdict
+from operator import attrgetter, itemgetter
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from ..errors import BadTraceError, InputNotFoundError
+from . import kineto_frames as kf
+from . import kineto_joins as kj
+from . import kineto_schema as ks
+from .bundle import RankTrace, TraceMeta
+
+CHUNK = 16384
+
+# Kineto categories, lower-cased (2021 traces capitalise them: "Kernel", "Runtime", ...).
+ROUTES = {
+    "cpu_op": "cpu_ops", "operator": "cpu_ops",
+    "python_function": "python", "python": "python",
+    "user_annotation": "annotations",
+    "gpu_user_annotation": "gpu_annotations",
+    "kernel": "kernels",
+    "cuda_runtime": "runtime", "runtime": "runtime", "cuda_driver": "runtime", "driver": "runtime",
+    "gpu_memcpy": "memcpy", "memcpy": "memcpy",
+    "gpu_memset": "memset", "memset": "memset",
+    "cuda_sync": "syncs",
+    "cpu_instant_event": "memory",
+    "ac2g": "flows", "async_cpu_to_gpu": "flows", "fwdbwd": "flows", "forward_backward": "flows",
+}  # fmt: skip
+TIMED = ("cpu_ops", "python", "annotations", "gpu_annotations", "kernels", "runtime", "memcpy", "syncs")
+
+
+def read_bytes(path: str) -> bytes:
+    """The file's JSON bytes, gunzipped when it is gzip (by magic number, not by name)."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except FileNotFoundError:
+        raise InputNotFoundError("no such file", path) from None
+    except IsADirectoryError:
+        raise BadTraceError("is a directory, expected a trace file", path) from None
+    except OSError as exc:
+        raise BadTraceError(f"cannot read: {exc.strerror or exc}", path) from None
+    if not raw:
+        raise BadTraceError("empty file", path)
+    if raw[:2] == b"\x1f\x8b":
+        raw = _gunzip(raw, path)
+        if len(raw) < 64 and not raw.strip():
+            raise BadTraceError("empty file (after gunzip)", path)
+    return raw
+
+
+def _gunzip(data: bytes, path: str) -> bytes:
+    # zlib checks the gzip CRC in C; gzip.decompress adds a Python-level pass. Multi-member
+    # files (concatenated gzip streams) fall back to gzip.decompress.
+    try:
+        d = zlib.decompressobj(wbits=31)
+        out = d.decompress(data)
+        if not d.eof:
+            raise BadTraceError("truncated gzip data", path)
+        if d.unused_data:
+            return gzip.decompress(data)
+        return out
+    except (EOFError, zlib.error, gzip.BadGzipFile, OSError) as exc:
+        reason = "truncated gzip data" if isinstance(exc, EOFError) else f"corrupt gzip data ({exc})"
+        raise BadTraceError(reason, path) from None
+
+
+def decode_head(raw: bytes, path: str) -> ks.KinetoFile:
+    try:
+        return ks.file_decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        msg = str(exc)
+        if msg.startswith("Expected `object`, got `array`"):  # Chrome's array form: a bare event list
+            try:
+                return ks.KinetoFile(traceEvents=msgspec.json.decode(raw, type=list[msgspec.Raw]))
+            except msgspec.DecodeError as exc2:
+                raise BadTraceError(f"invalid JSON: {exc2}", path) from None
+        if "traceEvents" in msg or msg.startswith("Expected `object`"):
+            raise BadTraceError("JSON is not a profiler trace (no 'traceEvents' list of events)", path) from None
+        raise BadTraceError(f"ill-typed trace metadata: {msg}", path) from None
+    except msgspec.DecodeError as exc:
+        raise BadTraceError(f"invalid JSON: {exc}", path) from None
+
+
+_event_list = msgspec.json.Decoder(list[ks.Event])
+
+
+def _decode_chunk(raws: list[msgspec.Raw], start: int, path: str) -> list[ks.Event]:
+    try:
+        return _event_list.decode(b"[" + b",".join(raws) + b"]")
+    except msgspec.ValidationError as exc:
+        msg, _, where = str(exc).partition(" - at `$[")
+        idx, _, field = where.rstrip("`").partition("]")
+        at = f"event #{start + int(idx)}{field.replace('.', ' field ', 1)}" if idx.isdigit() else "an event"
+        raise BadTraceError(f"ill-typed {at}: {msg}", path) from None
+
+
+class _Builders:
+    def __init__(self, path: str) -> None:
+        self.cpu_ops = kf.CpuOps(path)
+        self.python = kf.PythonFunctions(path)
+        self.annotations = kf.Annotations(path)
+        self.gpu_annotations = kf.GpuAnnotations(path)
+        self.kernels = kf.Kernels(path)
+        self.runtime = kf.Runtime(path)
+        self.memcpy = kf.Memcpy(path)
+        self.syncs = kf.Syncs(path)
+        self.memory = kf.Memory(path)
+        self.flows = kf.Flows(path)
+        self.meta_events: list[ks.Event] = []
+        self.counts: dict[str, int] = defaultdict(int)
+
+    def add(self, events: list[ks.Event]) -> None:
+        for cat, evs in _by_category(events):
+            if not cat:
+                meta = [e for e in evs if e.ph == "M"]
+                self.meta_events.extend(meta)
+                self.counts["metadata"] += len(meta)
+                if len(evs) > len(meta):
+                    self.counts["other"] += len(evs) - len(meta)
+                continue
+            self.counts[cat] += len(evs)
+            route = ROUTES.get(cat.lower())
+            if route is None:
+                continue
+            if route in ("memcpy", "memset"):
+                self.memcpy.add_op([e for e in evs if e.ph == "X"], route)
+            elif route == "flows":
+                self.flows.add(evs)
+            elif route == "memory":
+                self.memory.add(evs)
+            else:
+                getattr(self, route).add([e for e in evs if e.ph == "X"])
+
+
+_CAT = attrgetter("cat")
+
+
+def _by_category(events: list[ks.Event]) -> list[tuple[str, list[ks.Event]]]:
+    codes, cats = pd.factorize(np.fromiter(map(_CAT, events), dtype=object, count=len(events)))
+    if len(cats) == 1:
+        return [(cats[0], events)]
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(len(cats) + 1))
+    out = []
+    for c, cat in enumerate(cats):
+        idx = order[bounds[c] : bounds[c + 1]].tolist()
+        out.append((cat, list(itemgetter(*idx)(events)) if len(idx) > 1 else [events[idx[0]]]))
+    return out
+
+
+def parse_kineto(path: str, raw: bytes | None = None) -> tuple[RankTrace, float]:
+    """Parse one Kineto file. Returns the RankTrace (times relative to its first event) and the
+    absolute time (µs, the trace clock with baseTimeNanoseconds applied) of that first event."""
+    if raw is None:
+        raw = read_bytes(path)
+    doc = decode_head(raw, path)
+    raws = doc.traceEvents
+    b = _Builders(path)
+    for start in range(0, len(raws), CHUNK):
+        b.add(_decode_chunk(raws[start : start + CHUNK], start, path))
+    doc.traceEvents = []
+    del raws, raw
+
+    first = min(getattr(b, k).min_ts() for k in TIMED)
+    if first == float("inf"):
+        raise BadTraceError("no profiler events (no cpu_op, kernel, runtime or annotation events)", path)
+
+    cpu_ops = b.cpu_ops.frame(first)
+    kernels = b.kernels.frame(first)
+    runtime = b.runtime.frame(first)
+    memcpy = b.memcpy.frame(first)
+    syncs = b.syncs.frame(first)
+    annotations = b.annotations.frame(first)
+    links = kj.links(runtime, {"kernel": kernels, "memcpy": memcpy, "sync": syncs}, b.flows.frame(first))
+    _fill_ext_ids(links, {"kernel": kernels, "memcpy": memcpy, "sync": syncs})
+    steps, warnings = kj.steps(annotations)
+    meta = _meta(doc, b.meta_events, path)
+    trace = RankTrace(
+        meta=meta,
+        cpu_ops=cpu_ops,
+        python=b.python.frame(first),
+        annotations=annotations,
+        gpu_annotations=b.gpu_annotations.frame(first),
+        kernels=kernels,
+        runtime=runtime,
+        memcpy=memcpy,
+        syncs=syncs,
+        collectives=kj.collectives(cpu_ops, b.cpu_ops.collective_args, kernels, b.kernels.collective_args),
+        links=links,
+        memory=b.memory.frame(first),
+        steps=steps,
+        counts=dict(sorted(b.counts.items())),
+        warnings=warnings,
+    )
+    absolute_first = first + (meta.base_time_ns / 1000.0 if meta.base_time_ns else 0.0)
+    return trace, absolute_first
+
+
+def _fill_ext_ids(links, gpu) -> None:
+    """ROCm (and some CUDA) device activities carry no External id: take the launch's."""
+    for kind, df in gpu.items():
+        ext = df["ext_id"].to_numpy()
+        miss = np.flatnonzero(ext < 0)
+        if not len(miss):
+            continue
+        lk = links[(links["gpu_kind"] == kind) & (links["runtime_ext_id"] >= 0)]
+        fill = np.full(len(df), -1, dtype=np.int64)
+        fill[lk["gpu_idx"].to_numpy()] = lk["runtime_ext_id"].to_numpy()
+        ext = ext.copy()
+        ext[miss] = fill[miss]
+        df["ext_id"] = ext
+
+
+def _meta_names(events: list[ks.Event]) -> tuple[dict[str, str], dict[str, str]]:
+    procs: dict[str, str] = {}
+    threads: dict[str, str] = {}
+    if not events:
+        return procs, threads
+    try:
+        args = msgspec.json.decode(b"[" + b",".join([e.args for e in events]) + b"]", type=list[ks.MetaArgs])
+    except msgspec.ValidationError:
+        return procs, threads  # names are cosmetic: never fail a load on them
+    for e, a in zip(events, args):
+        if e.name == "process_name" and a.name:
+            procs.setdefault(str(e.pid), a.name)
+        elif e.name == "process_labels" and a.labels:
+            procs[str(e.pid)] = f"{procs.get(str(e.pid), '')} [{a.labels}]".strip()
+        elif e.name == "thread_name" and a.name:
+            threads[f"{e.pid}/{e.tid}"] = a.name
+    return procs, threads
+
+
+def _json_or(raw: msgspec.Raw, default):
+    try:
+        val = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return default
+    return default if val is None else val
+
+
+def _text(raw: msgspec.Raw) -> str | None:
+    val = _json_or(raw, None)
+    if val is None or isinstance(val, (dict, list)):
+        return None
+    return str(val)
+
+
+def _meta(doc: ks.KinetoFile, meta_events: list[ks.Event], path: str) -> TraceMeta:
+    dist = _json_or(doc.distributedInfo, None)
+    if not isinstance(dist, dict):
+        dist = None
+    devs = _json_or(doc.deviceProperties, [])
+    if isinstance(devs, dict):
+        devs = [devs]
+    devs = [d for d in devs if isinstance(d, dict)] if isinstance(devs, list) else []
+    base_ns = None
+    base_text = _text(doc.baseTimeNanoseconds)
+    if base_text is not None:
+        try:
+            base_ns = int(float(base_text)) if not base_text.isdigit() else int(base_text)
+        except ValueError:
+            base_ns = None
+    versions = {
+        k: v
+        for k in ("cupti_version", "cuda_runtime_version", "cuda_driver_version", "hip_runtime_version",
+                  "hip_driver_version", "roctracer_version")  # fmt: skip
+        if (v := _text(getattr(doc, k))) is not None
+    }
+    flags = {
+        k: v for k in ("record_shapes", "profile_memory", "with_stack", "with_flops") if (v := _text(getattr(doc, k)))
+    }
+    procs, threads = _meta_names(meta_events)
+    world = dist.get("world_size") if dist else None
+    return TraceMeta(
+        source=os.path.abspath(path),
+        rank=-1,
+        rank_source="",
+        world_size=int(world) if isinstance(world, int) or (isinstance(world, str) and world.isdigit()) else None,
+        schema_version=_text(doc.schemaVersion),
+        trace_name=_text(doc.traceName),
+        display_time_unit=_text(doc.displayTimeUnit),
+        base_time_ns=base_ns,
+        device_properties=devs,
+        distributed_info=dist,
+        versions=versions,
+        flags=flags,
+        process_names=procs,
+        thread_names=threads,
+    )
+
+
+def distributed_rank(trace: RankTrace) -> int | None:
+    dist = trace.meta.distributed_info or {}
+    r = dist.get("rank")
+    if isinstance(r, int) and r >= 0:
+        return r
+    if isinstance(r, str) and r.isdigit():
+        return int(r)
+    return None

@@ -1,0 +1,388 @@
+"""Per-category column builders for the Kineto reader.
+
+The reader decodes events a chunk at a time; each builder turns a chunk of one category into
+numpy columns (names interned through a ``NameTable``) and, at the end, into one DataFrame
+with times relative to the file's first event. Nothing per event outlives its chunk except
+the few CPU ops and kernels that carry collective parameters.
+"""
+
+from __future__ import annotations
+
+from operator import attrgetter
+from typing import Any
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from ..errors import BadTraceError
+from . import kineto_schema as ks
+from .columns import NameTable, call_tree, dim3, floats, floats_of, ids, ids_of, ints_of, streams
+from .names import annotation_kind, memcpy_parts, runtime_kind
+
+
+_NAME = attrgetter("name")
+_DIMS = attrgetter("input_dims")
+_TYPES = attrgetter("input_types")
+
+
+def streams_of(args: list, events: list[ks.Event]) -> np.ndarray:
+    fast = ints_of(args, "stream")
+    if (fast >= 0).all():
+        return fast
+    return streams([a.stream for a in args], [e.tid for e in events])
+
+
+def decode_args(events: list[ks.Event], typ: type, path: str, what: str) -> list[Any]:
+    joined = b"[" + b",".join([e.args for e in events]) + b"]"
+    try:
+        return msgspec.json.decode(joined, type=list[typ])
+    except msgspec.ValidationError as exc:
+        msg = str(exc)
+        raise BadTraceError(f"ill-typed args in a {what} event: {msg.split(' - at ')[0]}", path) from None
+
+
+def times(events: list[ks.Event], path: str, what: str) -> tuple[np.ndarray, np.ndarray]:
+    ts = floats_of(events, "ts")
+    if np.isnan(ts).any():
+        bad = events[int(np.flatnonzero(np.isnan(ts))[0])]
+        raise BadTraceError(f"{what} event {bad.name!r} has a missing or non-numeric 'ts' ({bad.ts!r})", path)
+    dur = floats_of(events, "dur", default=0.0)
+    if np.isnan(dur).any():
+        bad = events[int(np.flatnonzero(np.isnan(dur))[0])]
+        raise BadTraceError(f"{what} event {bad.name!r} has a non-numeric 'dur' ({bad.dur!r})", path)
+    return ts, dur
+
+
+class FrameBuilder:
+    """Collects chunks of one event category. Subclasses add their own columns."""
+
+    what = "event"
+    args_type: type | None = None
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.names = NameTable()
+        self.chunks: list[dict[str, np.ndarray]] = []
+        self.n = 0
+
+    def add(self, events: list[ks.Event]) -> None:
+        if events:
+            self._add(events, decode_args(events, self.args_type, self.path, self.what) if self.args_type else [])
+
+    def _add(self, events: list[ks.Event], args: list[Any]) -> None:
+        ts, dur = times(events, self.path, self.what)
+        cols = {"name": self.names.codes(list(map(_NAME, events))), "ts": ts, "dur": dur}
+        cols.update(self.extract(events, args, self.n))
+        self.chunks.append(cols)
+        self.n += len(events)
+
+    def extract(self, events: list[ks.Event], args: list[Any], offset: int) -> dict[str, np.ndarray]:
+        return {}
+
+    def min_ts(self) -> float:
+        return min((float(c["ts"].min()) for c in self.chunks), default=float("inf"))
+
+    def _columns(self) -> dict[str, np.ndarray]:
+        if not self.chunks:
+            return {}
+        keys = self.chunks[0].keys()
+        return {k: np.concatenate([c[k] for c in self.chunks]) for k in keys}
+
+    def frame(self, origin: float) -> pd.DataFrame:
+        cols = self._columns()
+        if not cols:
+            return self.empty()
+        ts = cols["ts"] - origin
+        out: dict[str, Any] = {"name": self.names.categorical(cols.pop("name")), "ts": ts, "dur": cols["dur"]}
+        out["end"] = ts + cols.pop("dur")
+        cols.pop("ts")
+        out.update(self.finish(cols, out))
+        return pd.DataFrame(out)
+
+    def finish(self, cols: dict[str, np.ndarray], out: dict[str, Any]) -> dict[str, Any]:
+        return cols
+
+    def empty(self) -> pd.DataFrame:
+        sample = self.empty_columns()
+        df = pd.DataFrame({"name": pd.Categorical([]), "ts": np.zeros(0), "dur": np.zeros(0), "end": np.zeros(0)})
+        for k, dtype in sample.items():
+            df[k] = pd.Categorical([]) if dtype == "category" else np.zeros(0, dtype=dtype)
+        return df
+
+    def empty_columns(self) -> dict[str, Any]:
+        return {}
+
+
+class CpuOps(FrameBuilder):
+    what = "cpu_op"
+    args_type = ks.CpuOpArgs
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.dims = NameTable()
+        self.types = NameTable()
+        self.collective_args: dict[int, ks.CpuOpArgs] = {}
+
+    def extract(self, events, args, offset):
+        for i, a in enumerate(args):
+            if a.collective is not None:
+                self.collective_args[offset + i] = a
+        return {
+            "pid": ids_of(events, "pid"),
+            "tid": ids_of(events, "tid"),
+            "ext_id": ints_of(args, "ext_id"),
+            "seq": ints_of(args, "seq_nr"),
+            "rf_id": ints_of(args, "rf_id"),
+            "fwd_tid": ints_of(args, "fwd_tid"),
+            "input_dims": self.dims.codes(list(map(bytes, map(_DIMS, args)))),
+            "input_types": self.types.codes(list(map(bytes, map(_TYPES, args)))),
+        }
+
+    def finish(self, cols, out):
+        cols["input_dims"] = self.dims.categorical(cols["input_dims"], decode=True)
+        cols["input_types"] = self.types.categorical(cols["input_types"], decode=True)
+        cols["parent"], cols["depth"] = call_tree(cols["tid"], out["ts"], out["end"])
+        return cols
+
+    def empty_columns(self):
+        return {"pid": np.int64, "tid": np.int64, "ext_id": np.int64, "seq": np.int64, "rf_id": np.int64,
+                "fwd_tid": np.int64, "input_dims": "category", "input_types": "category", "parent": np.int64,
+                "depth": np.int32}  # fmt: skip
+
+
+class PythonFunctions(FrameBuilder):
+    what = "python_function"
+    args_type = ks.PythonArgs
+
+    def extract(self, events, args, offset):
+        return {
+            "tid": ids_of(events, "tid"),
+            "py_id": ints_of(args, "py_id"),
+            "parent_id": ints_of(args, "parent_id"),
+        }
+
+    def empty_columns(self):
+        return {"tid": np.int64, "py_id": np.int64, "parent_id": np.int64}
+
+
+class Annotations(FrameBuilder):
+    what = "user_annotation"
+    args_type = ks.AnnotationArgs
+
+    def extract(self, events, args, offset):
+        return {"tid": ids_of(events, "tid"), "ext_id": ints_of(args, "ext_id")}
+
+    def finish(self, cols, out):
+        names: pd.Categorical = out["name"]
+        kinds = [annotation_kind(str(c)) for c in names.categories]
+        codes = names.codes
+        cols["kind"] = pd.Categorical(np.array([k for k, _ in kinds], dtype=object)[codes])
+        cols["step"] = np.array([s for _, s in kinds], dtype=np.int64)[codes]
+        return cols
+
+    def empty_columns(self):
+        return {"tid": np.int64, "ext_id": np.int64, "kind": "category", "step": np.int64}
+
+
+class GpuAnnotations(Annotations):
+    what = "gpu_user_annotation"
+
+    def extract(self, events, args, offset):
+        cols = super().extract(events, args, offset)
+        cols["device"] = ids_of(events, "pid")
+        return cols
+
+    def empty_columns(self):
+        return {**super().empty_columns(), "device": np.int64}
+
+
+class Kernels(FrameBuilder):
+    what = "kernel"
+    args_type = ks.KernelArgs
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.collective_args: dict[int, ks.KernelArgs] = {}
+
+    def extract(self, events, args, offset):
+        for i, a in enumerate(args):
+            if a.collective is not None:
+                self.collective_args[offset + i] = a
+        grid = dim3([a.grid for a in args])
+        block = dim3([a.block for a in args])
+        return {
+            "device": ids([a.device if a.device >= 0 else e.pid for a, e in zip(args, events)]),
+            "stream": streams_of(args, events),
+            "correlation": ints_of(args, "correlation"),
+            "ext_id": ints_of(args, "ext_id"),
+            "grid_x": grid[:, 0],
+            "grid_y": grid[:, 1],
+            "grid_z": grid[:, 2],
+            "block_x": block[:, 0],
+            "block_y": block[:, 1],
+            "block_z": block[:, 2],
+            "registers": ints_of(args, "registers"),
+            "shared_mem": ints_of(args, "shared_mem"),
+            "blocks_per_sm": floats_of(args, "blocks_per_sm"),
+            "warps_per_sm": floats_of(args, "warps_per_sm"),
+            "occupancy": floats_of(args, "occupancy"),
+        }
+
+    def empty_columns(self):
+        cols = {k: np.int64 for k in ("device", "stream", "correlation", "ext_id", "grid_x", "grid_y", "grid_z",
+                                      "block_x", "block_y", "block_z", "registers", "shared_mem")}  # fmt: skip
+        cols.update({"blocks_per_sm": np.float64, "warps_per_sm": np.float64, "occupancy": np.float64})
+        return cols
+
+
+class Runtime(FrameBuilder):
+    what = "cuda_runtime"
+    args_type = ks.RuntimeArgs
+
+    def extract(self, events, args, offset):
+        return {
+            "tid": ids_of(events, "tid"),
+            "correlation": ints_of(args, "correlation"),
+            "ext_id": ints_of(args, "ext_id"),
+            "cbid": ints_of(args, "cbid"),
+            "driver": np.full(len(events), "driver" in events[0].cat.lower()),  # one category per chunk bucket
+        }
+
+    def finish(self, cols, out):
+        names: pd.Categorical = out["name"]
+        kinds = np.array([runtime_kind(str(c)) for c in names.categories], dtype=object)
+        cols["kind"] = pd.Categorical(kinds[names.codes])
+        cols["api"] = pd.Categorical(np.where(cols.pop("driver"), "driver", "runtime"))
+        return cols
+
+    def empty_columns(self):
+        return {"tid": np.int64, "correlation": np.int64, "ext_id": np.int64, "cbid": np.int64, "kind": "category",
+                "api": "category"}  # fmt: skip
+
+
+class Memcpy(FrameBuilder):
+    """gpu_memcpy and gpu_memset together (``op`` tells them apart)."""
+
+    what = "gpu_memcpy"
+    args_type = ks.MemcpyArgs
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.labels = NameTable()  # (op, kind, src, dst) tuples
+
+    def add_op(self, events, op: str) -> None:
+        self._op = op
+        self.add(events)
+
+    def extract(self, events, args, offset):
+        op = self._op
+        labels = []
+        for e, a in zip(events, args):
+            kind, src, dst = memcpy_parts(e.name)
+            if not kind and a.kind:
+                kind = a.kind
+            labels.append((op, kind or ("Memset" if op == "memset" else "unknown"), src, dst))
+        return {
+            "label": self.labels.codes(labels),
+            "device": ids([a.device if a.device >= 0 else e.pid for a, e in zip(args, events)]),
+            "stream": streams_of(args, events),
+            "correlation": ints_of(args, "correlation"),
+            "ext_id": ints_of(args, "ext_id"),
+            "bytes": ints_of(args, "bytes"),
+            "bandwidth_gbps": floats_of(args, "bandwidth"),
+        }
+
+    def finish(self, cols, out):
+        labels = list(self.labels.table)
+        codes = cols.pop("label")
+        for j, col in enumerate(("op", "kind", "src", "dst")):
+            cols[col] = pd.Categorical(np.array([lab[j] for lab in labels], dtype=object)[codes])
+        nbytes, dur = cols["bytes"], out["dur"]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            derived = np.where((nbytes >= 0) & (dur > 0), nbytes / (dur * 1e3), np.nan)
+        bw = cols["bandwidth_gbps"]
+        cols["bandwidth_gbps"] = np.where(bw >= 0, bw, derived)
+        return {k: cols[k] for k in ("op", "device", "stream", "correlation", "ext_id", "kind", "src", "dst",
+                                     "bytes", "bandwidth_gbps")}  # fmt: skip
+
+    def empty_columns(self):
+        return {"op": "category", "device": np.int64, "stream": np.int64, "correlation": np.int64,
+                "ext_id": np.int64, "kind": "category", "src": "category", "dst": "category", "bytes": np.int64,
+                "bandwidth_gbps": np.float64}  # fmt: skip
+
+
+class Syncs(FrameBuilder):
+    what = "cuda_sync"
+    args_type = ks.SyncArgs
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.kinds = NameTable()
+
+    def extract(self, events, args, offset):
+        return {
+            "device": ints_of(args, "device"),
+            "stream": streams_of(args, events),
+            "correlation": ints_of(args, "correlation"),
+            "ext_id": ints_of(args, "ext_id"),
+            "sync_kind": self.kinds.codes([a.sync_kind or "" for a in args]),
+            "wait_on_stream": ints_of(args, "wait_on_stream"),
+            "wait_event_corr": ints_of(args, "wait_event_corr"),
+        }
+
+    def finish(self, cols, out):
+        cols["sync_kind"] = self.kinds.categorical(cols["sync_kind"])
+        return cols
+
+    def empty_columns(self):
+        return {"device": np.int64, "stream": np.int64, "correlation": np.int64, "ext_id": np.int64,
+                "sync_kind": "category", "wait_on_stream": np.int64, "wait_event_corr": np.int64}  # fmt: skip
+
+
+class Memory(FrameBuilder):
+    """[memory] instant events (profile_memory=True): allocations (+bytes) and frees (-bytes)."""
+
+    what = "cpu_instant_event"
+    args_type = ks.MemoryArgs
+
+    def add(self, events):
+        if events:
+            args = decode_args(events, self.args_type, self.path, self.what)
+            keep = [i for i, a in enumerate(args) if a.bytes is not None]
+            if keep:
+                self._add([events[i] for i in keep], [args[i] for i in keep])
+
+    def extract(self, events, args, offset):
+        return {
+            "bytes": ints_of(args, "bytes"),
+            "total_allocated": ints_of(args, "total_allocated"),
+            "total_reserved": ints_of(args, "total_reserved"),
+            "addr": ints_of(args, "addr"),
+            "device_type": ints_of(args, "device_type"),
+            "device_id": ints_of(args, "device_id"),
+        }
+
+    def empty_columns(self):
+        return {k: np.int64 for k in ("bytes", "total_allocated", "total_reserved", "addr", "device_type",
+                                      "device_id")}  # fmt: skip
+
+
+class Flows:
+    """Finish halves of flow events (ac2g): their id is the correlation and their ts the device
+    activity's start. Only used to link activities whose args carry no correlation."""
+
+    def __init__(self, path: str) -> None:
+        self.ids: list[np.ndarray] = []
+        self.ts: list[np.ndarray] = []
+
+    def add(self, events: list[ks.Event]) -> None:
+        fin = [e for e in events if e.ph == "f"]
+        if fin:
+            self.ids.append(ids([e.id if e.id is not None else -1 for e in fin]))
+            self.ts.append(floats([e.ts for e in fin]))
+
+    def frame(self, origin: float) -> pd.DataFrame:
+        if not self.ids:
+            return pd.DataFrame({"id": np.zeros(0, np.int64), "ts": np.zeros(0)})
+        return pd.DataFrame({"id": np.concatenate(self.ids), "ts": np.concatenate(self.ts) - origin})

@@ -1,0 +1,155 @@
+"""``load``: paths in, TraceBundle out.
+
+Accepts one trace file, a directory of per-rank files, or a list of files. Ranks are parsed
+in parallel worker processes (only the frames travel back). A rank that fails is reported in
+``bundle.problems`` and skipped; if none loads, the first problem is raised.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+from ..errors import BadTraceError, HermesError, InputNotFoundError, NoTracesError
+from .bundle import LoadProblem, RankTrace, TraceBundle
+from .kineto import distributed_rank, parse_kineto
+
+TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
+_RANK_RE = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
+
+PathLike = str | os.PathLike
+Progress = Callable[[int, int, str], None]
+
+
+def is_trace_file(path: Path) -> bool:
+    return path.is_file() and path.name.lower().endswith(TRACE_SUFFIXES)
+
+
+def discover(paths: PathLike | Sequence[PathLike]) -> list[str]:
+    """Expand the user's input into a list of trace files (directories: their direct children)."""
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if not items:
+        raise NoTracesError("no input paths given")
+    files: list[str] = []
+    for item in items:
+        p = Path(item)
+        if not p.exists():
+            raise InputNotFoundError("no such file or directory", str(p))
+        if p.is_dir():
+            found = sorted(c for c in p.iterdir() if is_trace_file(c))
+            if not found:
+                deeper = sorted(c for c in p.rglob("*") if is_trace_file(c))
+                hint = f" ({len(deeper)} in subdirectories: pass one of those directories)" if deeper else ""
+                raise NoTracesError(f"directory holds no trace files (*.json, *.json.gz){hint}", str(p))
+            files.extend(str(c) for c in found)
+        else:
+            files.append(str(p))
+    return files
+
+
+def rank_from_filename(path: str) -> int | None:
+    m = None
+    for m in _RANK_RE.finditer(Path(path).name):
+        pass
+    return int(m.group(1)) if m else None
+
+
+def _parse_one(path: str) -> tuple[str, RankTrace | None, float, HermesError | None]:
+    try:
+        trace, first = parse_kineto(path)
+        return path, trace, first, None
+    except HermesError as exc:
+        return path, None, 0.0, exc
+    except MemoryError:
+        return path, None, 0.0, BadTraceError("out of memory while reading", path)
+    except Exception as exc:  # a reader bug must not take the other ranks down
+        return path, None, 0.0, BadTraceError(f"unexpected {type(exc).__name__} while reading: {exc}", path)
+
+
+def _workers(n_files: int, max_workers: int | None) -> int:
+    if max_workers is not None:
+        return max(1, min(max_workers, n_files))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cpus, n_files))
+
+
+def _parse_all(files: list[str], max_workers: int | None, progress: Progress | None):
+    n = _workers(len(files), max_workers)
+    results = []
+    if n == 1:
+        for i, f in enumerate(files):
+            results.append(_parse_one(f))
+            if progress:
+                progress(i + 1, len(files), f)
+        return results
+    with ProcessPoolExecutor(max_workers=n) as pool:
+        for i, res in enumerate(pool.map(_parse_one, files)):
+            results.append(res)
+            if progress:
+                progress(i + 1, len(files), res[0])
+    return results
+
+
+def assign_ranks(traces: list[RankTrace]) -> list[str]:
+    """Rank from distributedInfo.rank, else from the file name, else by order (with a warning)."""
+    notes: list[str] = []
+    taken: set[int] = set()
+    pending: list[RankTrace] = []
+    for t in traces:
+        r = distributed_rank(t)
+        how = "distributedInfo"
+        if r is None:
+            r = rank_from_filename(t.meta.source)
+            how = "filename"
+        if r is None or r in taken:
+            if r is not None:
+                notes.append(f"{t.meta.source}: rank {r} ({how}) already taken by another file; numbered by order")
+            pending.append(t)
+            continue
+        t.meta.rank, t.meta.rank_source = r, how
+        taken.add(r)
+    nxt = 0
+    for t in pending:
+        while nxt in taken:
+            nxt += 1
+        t.meta.rank, t.meta.rank_source = nxt, "order"
+        taken.add(nxt)
+        if len(traces) > 1:
+            notes.append(f"{t.meta.source}: no rank in distributedInfo or file name; numbered {nxt} by order")
+    return notes
+
+
+def load(
+    paths: PathLike | Sequence[PathLike],
+    *,
+    max_workers: int | None = None,
+    progress: Progress | None = None,
+) -> TraceBundle:
+    """Load PyTorch profiler traces into a TraceBundle (the public entry point; see docs/api.md).
+
+    Raises ``InputNotFoundError`` for a missing path, ``NoTracesError`` when nothing loadable
+    is found, ``BadTraceError`` when the only trace given is damaged. With several files, a
+    damaged one is recorded in ``bundle.problems`` and the others load.
+    """
+    files = discover(paths)
+    results = _parse_all(files, max_workers, progress)
+    good = [(t, first) for _, t, first, err in results if t is not None]
+    problems = [
+        LoadProblem(path=p, message=str(err), exit_code=err.exit_code) for p, t, _, err in results if err is not None
+    ]
+    if not good:
+        errs = [err for *_, err in results if err is not None]
+        if len(errs) == 1:
+            raise errs[0]
+        raise NoTracesError(f"none of the {len(files)} trace files could be loaded; first: {errs[0]}")
+    traces = [t for t, _ in good]
+    notes = assign_ranks(traces)
+    origin = min(first for _, first in good)
+    for t, first in good:
+        t.shift(first - origin)
+        t.meta.origin_us = origin
+    return TraceBundle(ranks={t.rank: t for t in traces}, problems=problems, warnings=notes, origin_us=origin)

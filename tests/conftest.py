@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data"
+EXAMPLE = ROOT / "examples" / "traces" / "cpu_dataloader_bound.json.gz"
+
+
+def kineto_traces() -> list[Path]:
+    """Every Kineto trace in ../shared/data (empty when the folder is absent)."""
+    if not SHARED.is_dir():
+        return []
+    out = []
+    for sub in ("hta", "tracelens", "param"):
+        out.extend(sorted((SHARED / sub).rglob("*.json.gz")))
+    return out
+
+
+def needs_shared():
+    return pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is absent (outside the project's CI)")
+
+
+@pytest.fixture
+def shared() -> Path:
+    if not SHARED.is_dir():
+        pytest.skip("../shared/data is absent (outside the project's CI)")
+    return SHARED
+
+
+def write_trace(path: Path, events: list[dict], gz: bool = False, **top) -> Path:
+    doc = {"schemaVersion": 1, **top, "traceEvents": events}
+    data = json.dumps(doc).encode()
+    if gz:
+        path.write_bytes(gzip.compress(data))
+    else:
+        path.write_bytes(data)
+    return path
+
+
+def X(cat: str, name: str, ts, dur, pid=1, tid=1, args: dict | None = None) -> dict:
+    ev = {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur}
+    if args:
+        ev["args"] = args
+    return ev
