@@ -1,0 +1,3 @@
+"""Facts of the parallel analyzer (see analyzers/)."""
+
+from __future__ import annotations
