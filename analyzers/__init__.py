@@ -1,1 +1,65 @@
-"""Analyzers: pure functions of a TraceBundle that return typed facts (hermes_kb.analyzers)."""
+"""Analyzers: pure functions of a TraceBundle that return typed facts (hermes_kb.analyzers).
+
+Each module in ``PER_RANK`` defines ``per_rank(ctx: RankContext) -> list[Fact]``; each in
+``CROSS_RANK`` defines ``cross_rank(contexts: dict[int, RankContext], facts: list[Fact]) ->
+list[Fact]``, run once all ranks are done. ``steps`` runs first and gives every other
+analyzer its step windows.
+"""
+
+from __future__ import annotations
+
+import importlib
+import traceback
+
+from hermes_kb.facts.base import Fact
+from hermes_kb.facts.steps import AnalyzerError
+from hermes_kb.trace.bundle import RankTrace
+
+from .context import RankContext, StepWindow
+from .steps import step_context
+
+PER_RANK = ["overlap", "critical_path", "io", "cpu", "compute", "comm", "fluctuation"]
+CROSS_RANK = ["comm", "parallel", "fluctuation"]
+
+
+def _module(name: str):
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+def _guarded(name: str, rank: int | None, fn, *args) -> list[Fact]:
+    try:
+        return list(fn(*args))
+    except Exception as exc:  # one analyzer's bug must not hide every other fact
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        return [AnalyzerError(rank=rank, analyzer=name,
+                              message=f"{type(exc).__name__}: {exc} ({where.filename.rsplit('/', 1)[-1]}:{where.lineno})")]  # fmt: skip
+
+
+def _entry(name: str, attr: str):
+    mod = _module(name)
+    return getattr(mod, attr, None)
+
+
+def analyze_rank(trace: RankTrace) -> tuple[RankContext, list[Fact]]:
+    ctx, facts = step_context(trace)
+    for name in PER_RANK:
+        fns = _guarded(name, trace.rank, lambda: [f] if (f := _entry(name, "per_rank")) else [])
+        if fns and isinstance(fns[0], AnalyzerError):
+            facts.extend(fns)
+        elif fns:
+            facts.extend(_guarded(name, trace.rank, fns[0], ctx))
+    return ctx, facts
+
+
+def analyze_cross_rank(contexts: dict[int, RankContext], facts: list[Fact]) -> list[Fact]:
+    out: list[Fact] = []
+    for name in CROSS_RANK:
+        fns = _guarded(name, None, lambda: [f] if (f := _entry(name, "cross_rank")) else [])
+        if fns and isinstance(fns[0], AnalyzerError):
+            out.extend(fns)
+        elif fns:
+            out.extend(_guarded(name, None, fns[0], contexts, facts))
+    return out
+
+
+__all__ = ["CROSS_RANK", "PER_RANK", "RankContext", "StepWindow", "analyze_cross_rank", "analyze_rank"]

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from . import __version__
-from .errors import EXIT_OK, HermesError
+from .errors import EXIT_FINDINGS, EXIT_OK, HermesError
 
 app = typer.Typer(
     name="hermes",
@@ -64,6 +64,240 @@ def inspect(
     from .render.inspect_table import print_summary
 
     print_summary(summary)
+
+
+@app.command()
+def analyze(
+    paths: Annotated[list[Path], typer.Argument(help="trace file(s) or a directory of per-rank traces")],
+    fmt: Annotated[Format, typer.Option("--format", "-f", help="table or json")] = Format.table,
+    kind: Annotated[list[str] | None, typer.Option("--kind", "-k", help="only facts of these kinds")] = None,
+) -> None:
+    """Measure the trace and print the typed facts the analyzers emit."""
+    from .analysis import analyze_bundle
+
+    try:
+        facts = analyze_bundle(_load(paths))
+    except HermesError as err:
+        _fail(err)
+    if kind:
+        facts = [f for f in facts if f.kind in set(kind)]
+    if fmt is Format.json:
+        typer.echo(json.dumps([f.model_dump(mode="json") for f in facts], indent=1))
+        return
+    from .render.facts_table import print_facts
+
+    print_facts(facts)
+
+
+class ReportFormat(str, Enum):
+    term = "term"
+    md = "md"
+    json = "json"
+
+
+class SeverityOpt(str, Enum):
+    low = "low"
+    medium = "medium"
+    high = "high"
+
+
+class EngineOpt(str, Enum):
+    auto = "auto"
+    durable = "durable"
+    python = "python"
+
+
+@app.command()
+def advise(
+    paths: Annotated[list[Path], typer.Argument(help="trace file(s) or a directory of per-rank traces")],
+    fmt: Annotated[ReportFormat, typer.Option("--format", "-f", help="term, md or json")] = ReportFormat.term,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="write the report to this file")] = None,
+    top: Annotated[int | None, typer.Option("--top", help="show at most N findings", min=1)] = None,
+    rank: Annotated[int | None, typer.Option("--rank", help="only findings involving this rank")] = None,
+    fail_on: Annotated[
+        SeverityOpt | None, typer.Option("--fail-on", help="exit 1 when a finding at or above this severity exists")
+    ] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="YAML of threshold overrides per rule/case id")] = None,
+    engine: Annotated[EngineOpt, typer.Option("--engine", help="rules engine")] = EngineOpt.auto,
+) -> None:
+    """Diagnose: bottlenecks, causes, concrete optimizations and their expected speedup."""
+    from .advisor import advise_bundle
+    from .render.report import render_json, render_markdown, render_terminal_markup
+    from .report import SEVERITY_ORDER
+
+    try:
+        report = advise_bundle(_load(paths), config=config, engine=engine.value, top=top, rank=rank)
+    except HermesError as err:
+        _fail(err)
+    if fmt is ReportFormat.json:
+        text = render_json(report) + "\n"
+    elif fmt is ReportFormat.md:
+        text = render_markdown(report)
+    else:
+        text = None
+    if output is not None:
+        if text is None:
+            from rich.console import Console
+
+            with output.open("w", encoding="utf-8") as fh:
+                Console(file=fh, width=120, no_color=True).print(render_terminal_markup(report), highlight=False)
+        else:
+            output.write_text(text, encoding="utf-8")
+    elif text is not None:
+        typer.echo(text, nl=False)
+    else:
+        from .render.inspect_table import console_for_output
+
+        console_for_output().print(render_terminal_markup(report), highlight=False)
+    worst = report.worst_severity()
+    if fail_on is not None and worst is not None and SEVERITY_ORDER[worst] >= SEVERITY_ORDER[fail_on.value]:
+        raise typer.Exit(EXIT_FINDINGS)
+
+
+kb_app = typer.Typer(help="Check, test and browse the knowledge base (rules/ and cases/).", no_args_is_help=True)
+app.add_typer(kb_app, name="kb")
+
+
+def _kb(config: Path | None = None):
+    from .kb.loader import load_kb, load_overrides
+
+    try:
+        return load_kb(overrides=load_overrides(config) if config else None)
+    except HermesError as err:
+        _fail(err)
+
+
+@kb_app.command("validate")
+def kb_validate() -> None:
+    """Check every rule and case file: schema, fact kinds and fields, parameters, ids, templates."""
+    kb = _kb()
+    typer.echo(f"ok: {len(kb.rules)} rules, {len(kb.cases)} cases")
+
+
+@kb_app.command("test")
+def kb_test(
+    item: Annotated[str | None, typer.Argument(help="only this rule or case id")] = None,
+    engine: Annotated[EngineOpt, typer.Option("--engine", help="auto runs both engines when durable-rules is installed")] = EngineOpt.auto,
+) -> None:
+    """Run every example (fire / no_fire) and an automatic probe of each threshold, on both engines."""
+    from .kb.testing import run_examples
+
+    kb = _kb()
+    engines = None if engine is EngineOpt.auto else [engine.value]
+    report = run_examples(kb, only=item, engines=engines)
+    for r in report.failures:
+        why = "engines disagree" if not r.agree else ("did not fire" if r.expect_fire else "fired")
+        typer.echo(f"FAIL {r.item_id} {r.name}: {why} {r.fired} ({r.path})")
+    n = len(report.results)
+    failed = len(report.failures)
+    typer.echo(f"{n - failed} passed, {failed} failed")
+    if failed:
+        raise typer.Exit(EXIT_FINDINGS)
+
+
+@kb_app.command("list")
+def kb_list(fmt: Annotated[Format, typer.Option("--format", "-f")] = Format.table) -> None:
+    """Every rule and case: id, status, category, title."""
+    kb = _kb()
+    rows = [{"id": e.item.id, "status": e.item.status,
+             "category": getattr(e.item, "category", None) or e.item.emit.category,
+             "cause": getattr(e.item, "cause", ""), "title": e.item.title, "file": e.path}
+            for e in (*kb.rules, *kb.cases)]  # fmt: skip
+    if fmt is Format.json:
+        typer.echo(json.dumps(rows, indent=1))
+        return
+    from rich.table import Table
+
+    from .render.inspect_table import console_for_output
+
+    table = Table(title=f"{len(kb.rules)} rules, {len(kb.cases)} cases", title_justify="left")
+    for col in ("id", "status", "category", "cause", "title"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["id"], r["status"], r["category"], r["cause"], r["title"])
+    console_for_output().print(table)
+
+
+@kb_app.command("show")
+def kb_show(item: Annotated[str, typer.Argument(help="rule or case id")]) -> None:
+    """The rule or case as loaded (YAML), with its parameters in force."""
+    import yaml
+
+    kb = _kb()
+    entry = kb.by_id(item)
+    if entry is None:
+        _fail(HermesError(f"no rule or case with id {item!r} (see hermes kb list)"))
+    typer.echo(f"# {entry.path}")
+    typer.echo(yaml.safe_dump(entry.item.model_dump(by_alias=True, exclude_none=True), sort_keys=False, allow_unicode=True))
+
+
+@kb_app.command("explain")
+def kb_explain(
+    item: Annotated[str, typer.Argument(help="case or rule id")],
+    paths: Annotated[list[Path], typer.Argument(help="trace file(s) or directory")],
+) -> None:
+    """On a real trace: why ITEM did or did not fire, condition by condition, with the values seen."""
+    from .analysis import analyze_bundle
+    from .kb.explain import explain
+
+    kb = _kb()
+    if kb.by_id(item) is None:
+        _fail(HermesError(f"no rule or case with id {item!r} (see hermes kb list)"))
+    try:
+        facts = analyze_bundle(_load(paths))
+    except HermesError as err:
+        _fail(err)
+    typer.echo(explain(kb, item, facts))
+
+
+schema_app = typer.Typer(help="JSON Schemas of what hermes reads and writes.", no_args_is_help=True)
+app.add_typer(schema_app, name="schema")
+
+
+@schema_app.command("facts")
+def schema_facts(
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="write to this file")] = None,
+) -> None:
+    """The JSON Schema of every fact kind (docs/facts.schema.json holds a copy)."""
+    from .facts import facts_json_schema
+
+    text = json.dumps(facts_json_schema(), indent=2, ensure_ascii=False) + "\n"
+    if output:
+        output.write_text(text, encoding="utf-8")
+    else:
+        typer.echo(text, nl=False)
+
+
+@schema_app.command("report")
+def schema_report(output: Annotated[Path | None, typer.Option("--output", "-o")] = None) -> None:
+    """The JSON Schema of the report `hermes advise --format json` prints."""
+    from .report import Report
+
+    _emit_schema(Report.model_json_schema(), output)
+
+
+@schema_app.command("rule")
+def schema_rule(output: Annotated[Path | None, typer.Option("--output", "-o")] = None) -> None:
+    """The JSON Schema of a rules/*.yaml file."""
+    from .kb.models import Rule
+
+    _emit_schema(Rule.model_json_schema(by_alias=True), output)
+
+
+@schema_app.command("case")
+def schema_case(output: Annotated[Path | None, typer.Option("--output", "-o")] = None) -> None:
+    """The JSON Schema of a cases/<category>/*.yaml file."""
+    from .kb.models import Case
+
+    _emit_schema(Case.model_json_schema(by_alias=True), output)
+
+
+def _emit_schema(schema: dict, output: Path | None) -> None:
+    text = json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
+    if output:
+        output.write_text(text, encoding="utf-8")
+    else:
+        typer.echo(text, nl=False)
 
 
 def _version(value: bool) -> None:

@@ -177,3 +177,15 @@ def test_memory_events(tmp_path):
         {"ts": 2.0, "bytes": 512, "total_allocated": 512, "device_type": 1}
     ]
     assert np.isclose(t.time_span()[1], 5.0)
+
+
+def test_shift_moves_link_times_too(tmp_path):
+    # rank 1 starts 100 µs after rank 0: its link times move with its other times
+    write_trace(tmp_path / "rank0.json", [X("cpu_op", "a", 1000, 1)], distributedInfo={"rank": 0})
+    write_trace(tmp_path / "rank1.json", [
+        X("cuda_runtime", "cudaLaunchKernel", 1100, 5, args={"correlation": 1}),
+        X("kernel", "k", 1110, 5, pid=0, tid=7, args={"correlation": 1, "stream": 7}),
+    ], distributedInfo={"rank": 1})  # fmt: skip
+    t = hermes_kb.load(tmp_path)[1]
+    assert t.runtime["ts"].iat[0] == 100.0 and t.links["launch_ts"].iat[0] == 100.0
+    assert t.kernels["ts"].iat[0] == 110.0 and t.links["gpu_ts"].iat[0] == 110.0

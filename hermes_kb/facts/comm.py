@@ -1,3 +1,132 @@
-"""Facts of the comm analyzer (see analyzers/)."""
+"""Facts of the comm analyzer (analyzers/comm.py): collectives per process group and kind,
+their exposure, bandwidth and message sizes on each rank, and the synchronisation waste of
+each collective across ranks. Formulas: docs/analysis/comm.md."""
 
 from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .base import Fact, measure, ratio, us
+
+
+class CommStats(Fact):
+    """One rank's collectives of one kind in one process group, over all analysed steps."""
+
+    kind: Literal["comm_stats"] = "comm_stats"
+    process_group: str = Field(
+        description="process group name as recorded (e.g. '0'); 'unknown' when not recorded"
+    )
+    pg_desc: str | None = Field(default=None, description="process group description (e.g. 'default_pg')")
+    group_ranks: list[int] = Field(default_factory=list, description="member ranks, when recorded")
+    group_size_count: int | None = measure("count", "ranks in the group, when known", default=None)
+    collective: str = Field(
+        description="all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send_recv, ..."
+    )
+    source: Literal["kernel", "cpu"] = Field(
+        description="kernel: device collective kernels; cpu: CPU ops only"
+    )
+    dtypes: list[str] = Field(default_factory=list)
+    collectives_count: int = measure("count", "collectives of this kind and group")
+    time_us: float = us("sum of their durations (kernel time, or CPU op time when source is cpu)")
+    mean_us: float = us("mean duration")
+    max_us: float = us("longest one")
+    exposed_us: float | None = us(
+        "part of time_us not overlapped by any non-communication kernel (null when source is cpu)",
+        default=None,
+    )
+    exposed_ratio: float | None = ratio("exposed_us / time_us", default=None)
+    sizes_known: bool = Field(
+        description="false when the trace did not record message sizes (no record_param_comms)"
+    )
+    sized_count: int = measure("count", "collectives whose size is known")
+    total_bytes: int | None = measure("bytes", "sum of message sizes (max of in/out bytes)", default=None)
+    mean_message_bytes: float | None = measure("bytes", "mean message size", default=None)
+    algbw_gbps: float | None = measure(
+        "gbps", "algorithm bandwidth: sum of sizes / sum of durations over sized collectives", default=None
+    )
+    busbw_gbps: float | None = measure(
+        "gbps", "bus bandwidth: algbw x NCCL's factor for the kind", default=None
+    )
+    best_busbw_gbps: float | None = measure(
+        "gbps", "highest bus bandwidth of a single collective of at least 1 MiB", default=None
+    )
+    link: str = Field(description="link the group most likely uses, or 'unknown'")
+    link_peak_gbps: float | None = measure(
+        "gbps", "per-direction peak of that link per GPU, when known", default=None
+    )
+    busbw_to_peak_ratio: float | None = ratio("busbw_gbps / link_peak_gbps (capped at 1)", default=None)
+    messages_below_1mib_count: int = measure("count", "sized messages < 1 MiB", default=0)
+    messages_1_to_32mib_count: int = measure("count", "sized messages in [1 MiB, 32 MiB)", default=0)
+    messages_from_32mib_count: int = measure("count", "sized messages >= 32 MiB", default=0)
+    small_messages_ratio: float | None = ratio(
+        "share of sized messages below 32 MiB (the paper's threshold)", default=None
+    )
+    unaligned_512_count: int = measure(
+        "count", "sized non-empty messages whose size is not a multiple of 512 B", default=0
+    )
+    unaligned_512_ratio: float | None = ratio("unaligned_512_count / sized non-empty messages", default=None)
+
+
+class CommSummary(Fact):
+    """All collectives of one rank together, over all analysed steps."""
+
+    kind: Literal["comm_summary"] = "comm_summary"
+    collectives_count: int = measure(
+        "count", "collectives in the analysed steps (Work.wait records excluded)"
+    )
+    kinds: list[str] = Field(default_factory=list, description="collective kinds seen, most time first")
+    process_groups: list[str] = Field(default_factory=list)
+    source: Literal["kernel", "cpu", "mixed"]
+    comm_time_us: float = us("length of the union of all collective intervals")
+    exposed_us: float | None = us("part of comm_time_us when no non-communication kernel runs", default=None)
+    exposed_ratio: float | None = ratio("exposed_us / comm_time_us", default=None)
+    analysed_us: float = us("sum of the analysed step durations")
+    comm_share_ratio: float = ratio("comm_time_us / analysed_us")
+    exposed_share_ratio: float | None = ratio("exposed_us / analysed_us", default=None)
+    sizes_known: bool
+    device: str | None = None
+    link: str = Field(description="intra-node link of the device model, or 'unknown'")
+    link_peak_gbps: float | None = measure("gbps", "per-direction peak of that link per GPU", default=None)
+
+
+class CommSyncWait(Fact):
+    """Synchronisation waste of one collective kind in one process group, across ranks.
+
+    For each collective instance (matched across ranks), R_wait = 1 - mean(T_i) / max(T_i) with
+    T_i the collective's duration on rank i (the paper's definition)."""
+
+    kind: Literal["comm_sync_wait"] = "comm_sync_wait"
+    process_group: str
+    group_ranks: list[int] = Field(
+        default_factory=list, description="ranks of the group present in the trace"
+    )
+    group_size_count: int | None = measure(
+        "count", "ranks in the group as recorded, when known", default=None
+    )
+    collective: str
+    source: Literal["kernel", "cpu"]
+    matched_by: Literal["seq", "step_order", "order"] = Field(
+        description="seq: PyTorch's collective sequence number; step_order: order within the group per step"
+    )
+    instances_count: int = measure("count", "collective instances matched on every present rank")
+    unmatched_count: int = measure("count", "instances left out: not seen on every present rank", default=0)
+    r_wait_mean_ratio: float = ratio("mean over instances of 1 - mean(T_i)/max(T_i)")
+    r_wait_max_ratio: float = ratio("largest R_wait of one instance")
+    r_wait_weighted_ratio: float = ratio("1 - sum of per-instance mean(T_i) / sum of per-instance max(T_i)")
+    wait_total_us: float = us(
+        "sum over instances and ranks of T_i - min_j T_j (time spent waiting for peers)"
+    )
+    wait_by_rank_us: dict[int, float] = us("waiting time per rank (10 largest)", default_factory=dict)
+    slowest_rank: int = Field(
+        description="rank most often last to arrive (shortest collective: the others wait for it)"
+    )
+    slowest_rank_share_ratio: float = ratio("share of instances where slowest_rank arrived last")
+    most_waiting_rank: int = Field(
+        description="rank most often first to arrive (longest collective: waits most)"
+    )
+    most_waiting_rank_share_ratio: float = ratio("share of instances where most_waiting_rank waited longest")
+    arrival_spread_mean_us: float = us(
+        "mean over instances of (latest start - earliest start); valid only when the ranks' clocks agree"
+    )

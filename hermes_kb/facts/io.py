@@ -1,3 +1,136 @@
-"""Facts of the io analyzer (see analyzers/)."""
+"""Facts of the io analyzer (analyzers/io.py): how long the training loop waits for its data,
+what that wait is made of (the Hermes paper's reading / processing / fetching split, adapted to
+what a Kineto trace records), host time no trace event explains, and host-to-device copies.
+Formulas and thresholds: docs/analysis/io.md.
+"""
 
 from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .base import Fact, measure, ratio, us
+
+DataClass = Literal["processing", "reading", "fetching", "worker_wait", "undetermined"]
+
+
+class NamedTime(BaseModel):
+    """A name with the time attributed to it (one row of a top-N list)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    time_us: float = us("time attributed to this name")
+    count: int = measure("count", "events with this name")
+
+
+class DataLoaderWait(Fact):
+    """Time the training loop spends inside the DataLoader iterator (``enumerate(DataLoader)#...
+    __next__`` annotations) in one step (or, with step = null, over all analysed steps: ``_us``
+    fields are sums, ratios are recomputed from the sums), and what that time is made of.
+
+    ``processing_us + reading_us + fetching_us + worker_wait_us + unattributed_us = data_time_us``;
+    ``cpu_ops_us + python_us + untraced_us = wait_us``.
+    """
+
+    kind: Literal["dataloader_wait"] = "dataloader_wait"
+    iterator: Literal["single_process", "multi_process", "other", "mixed"] = Field(
+        description="DataLoader iterator class: _SingleProcessDataLoaderIter (num_workers=0), "
+        "_MultiProcessingDataLoaderIter (worker processes), another iterator, or several kinds"
+    )
+    calls_count: int = measure("count", "__next__ annotations in the scope")
+    wait_us: float = us("union of the __next__ annotations (clipped to the step window)")
+    step_us: float = us("step window length (sum of the windows for the aggregate)")
+    step_share_ratio: float = ratio("wait_us / step_us")
+    critical_path_us: float | None = us("length of the step's critical path; null when no critical path was computed", default=None)  # fmt: skip
+    critical_path_loader_us: float | None = us("host critical-path segments inside the __next__ annotations", default=None)  # fmt: skip
+    critical_path_share_ratio: float | None = ratio(
+        "critical_path_loader_us / critical_path_us", default=None
+    )
+
+    # what runs inside the iterator (shares of wait_us; they add up to 1)
+    cpu_ops_us: float = us("inside the iterator: covered by top-level cpu ops")
+    python_us: float = us("inside the iterator: covered by python_function events but no cpu op")
+    untraced_us: float = us("inside the iterator: covered by no cpu op and no python function")
+    cpu_ops_ratio: float = ratio("cpu_ops_us / wait_us (0 when wait_us is 0)")
+    python_ratio: float = ratio("python_us / wait_us")
+    untraced_ratio: float = ratio("untraced_us / wait_us")
+    python_stacks: bool = Field(description="the trace records Python stacks (with_stack): python_function events besides 'Python GC'")  # fmt: skip
+    h2d_device_us: float = us(
+        "device time of the host-to-device copies running in the step (context for fetching_us)"
+    )
+
+    # the queue-based split (Hermes paper, adapted): where the data time goes
+    processing_us: float = us("cpu ops (except pin_memory) and Python work other than I/O calls and queue waits inside the iterator")  # fmt: skip
+    reading_us: float = us("self time of Python I/O calls (file/socket reads, open, stat, torch.load, ...) inside the iterator")  # fmt: skip
+    fetching_us: float = us("host time of the calls issuing the step's host-to-device copies, plus pin_memory ops inside the iterator")  # fmt: skip
+    worker_wait_us: float = us("multi-process iterator: untraced time and queue/lock waits inside it (waiting for worker processes)")  # fmt: skip
+    unattributed_us: float = us("single-process or other iterator: untraced time inside it (I/O or Python work not recorded)")  # fmt: skip
+    data_time_us: float = us("sum of the five components above")
+    data_share_ratio: float = ratio("data_time_us / step_us")
+    classification: DataClass = Field(
+        description="largest component; 'undetermined' when unattributed_us is the largest or data_time_us is 0"
+    )
+    classification_ratio: float = ratio("largest component / data_time_us (0 when data_time_us is 0)")
+    top_python: list[NamedTime] = Field(
+        default_factory=list,
+        description="Python functions with the most self time inside the iterator (at most 5)",
+    )
+
+
+class HostGap(BaseModel):
+    """One stretch of the host threads with no cpu op and no user annotation running."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    start_us: float = us("gap start, from the bundle origin")
+    end_us: float = us("gap end")
+    duration_us: float = us("end - start")
+    before: str | None = Field(default=None, description="the op/annotation that ended where the gap starts")
+    after: str | None = Field(default=None, description="the op/annotation that starts where the gap ends")
+    python_function: str | None = Field(
+        default=None,
+        description="innermost python_function covering at least half of the gap's Python time (with_stack traces only)",
+    )
+    untraced_us: float = us("part of the gap covered by no python_function either")
+
+
+class UntracedHostTime(Fact):
+    """Host time inside a step (or over all analysed steps, step = null) not spent in any
+    operator: on the host threads (the thread with the step annotations and the threads that
+    launch device work), the step's host window minus every cpu op and user annotation (other
+    than ProfilerStep). Split into Python work (python_function events) and untraced time."""
+
+    kind: Literal["untraced_host_time"] = "untraced_host_time"
+    window_us: float = us("host window: step start to the end of its step annotation (sum for the aggregate)")
+    outside_ops_us: float = us("time with no cpu op and no user annotation on the host threads")
+    python_us: float = us("part of outside_ops_us covered by python_function events")
+    untraced_us: float = us("part of outside_ops_us covered by no python_function either")
+    outside_ops_ratio: float = ratio("outside_ops_us / window_us")
+    python_ratio: float = ratio("python_us / window_us")
+    untraced_ratio: float = ratio("untraced_us / window_us")
+    gaps_count: int = measure("count", "stretches of outside_ops_us")
+    large_gap_threshold_us: float = us("a gap at least this long counts as large")
+    large_gaps_count: int = measure("count", "gaps of at least large_gap_threshold_us")
+    large_gaps_us: float = us("total length of the large gaps")
+    python_stacks: bool = Field(description="the trace records Python stacks (with_stack)")
+    top_gaps: list[HostGap] = Field(default_factory=list, description="the 3 longest gaps")
+
+
+class HostToDeviceCopies(Fact):
+    """Host-to-device copies of one source memory kind (pageable or pinned) on one rank over all
+    analysed steps (step = null)."""
+
+    kind: Literal["h2d_copies"] = "h2d_copies"
+    src: Literal["pageable", "pinned", "other"] = Field(description="host memory the copies read from")
+    pageable: bool = Field(description="true for pageable (not page-locked) source memory")
+    copies_count: int = measure("count", "HtoD memcpy activities")
+    copied_bytes: int = measure("bytes", "bytes copied")
+    device_us: float = us("sum of the copies' durations on the device")
+    host_us: float = us("sum of the durations of the runtime calls that issued them (host blocked or busy)")
+    bandwidth_gbps: float | None = measure(
+        "gbps", "bytes / device time (null when device time is 0)", default=None
+    )
+    share_of_h2d_bytes_ratio: float = ratio("bytes / all HtoD bytes of the rank")
+    largest_bytes: int = measure("bytes", "largest single copy")

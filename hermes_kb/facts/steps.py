@@ -31,3 +31,11 @@ class StepTime(Fact):
     end_us: float = us("step end (the next step's start, or the last activity launched in this step)")
     duration_us: float = us("end - start")
     cpu_duration_us: float = us("duration of the step annotation on the CPU")
+
+
+class AnalyzerError(Fact):
+    """An analyzer failed on this input; the other analyzers' facts still stand."""
+
+    kind: Literal["analyzer_error"] = "analyzer_error"
+    analyzer: str
+    message: str

@@ -27,7 +27,7 @@ FRAMES = (
     "steps",
 )
 
-TIME_COLUMNS = ("ts", "end")
+TIME_COLUMNS = ("ts", "end", "launch_ts", "gpu_ts")  # every absolute time column of every frame
 
 
 @dataclass

@@ -11,7 +11,10 @@ rank on the bundle's common origin.
 from __future__ import annotations
 
 import gzip
+import multiprocessing as mp
 import os
+import pickle
+import threading
 import zlib
 from collections import defaultdict
 from operator import attrgetter, itemgetter
@@ -26,7 +29,13 @@ from . import kineto_joins as kj
 from . import kineto_schema as ks
 from .bundle import RankTrace, TraceMeta
 
+try:
+    from isal import isal_zlib as _zlib
+except ImportError:  # pragma: no cover - isal has wheels for the common platforms
+    _zlib = zlib
+
 CHUNK = 16384
+SPLIT_MIN_EVENTS = 50_000
 
 # Kineto categories, lower-cased (2021 traces capitalise them: "Kernel", "Runtime", ...).
 ROUTES = {
@@ -66,17 +75,17 @@ def read_bytes(path: str) -> bytes:
 
 
 def _gunzip(data: bytes, path: str) -> bytes:
-    # zlib checks the gzip CRC in C; gzip.decompress adds a Python-level pass. Multi-member
-    # files (concatenated gzip streams) fall back to gzip.decompress.
+    # One C-level pass that also checks the CRC (ISA-L when installed: ~2.4x faster than zlib
+    # on a 54 MB trace). Multi-member files (concatenated gzip streams) use gzip.decompress.
     try:
-        d = zlib.decompressobj(wbits=31)
+        d = _zlib.decompressobj(wbits=31)
         out = d.decompress(data)
         if not d.eof:
             raise BadTraceError("truncated gzip data", path)
         if d.unused_data:
             return gzip.decompress(data)
         return out
-    except (EOFError, zlib.error, gzip.BadGzipFile, OSError) as exc:
+    except (EOFError, zlib.error, _zlib.error, gzip.BadGzipFile, OSError) as exc:
         reason = "truncated gzip data" if isinstance(exc, EOFError) else f"corrupt gzip data ({exc})"
         raise BadTraceError(reason, path) from None
 
@@ -149,6 +158,15 @@ class _Builders:
                 getattr(self, route).add([e for e in evs if e.ph == "X"])
 
 
+    def merge(self, other: _Builders) -> None:
+        for name in ("cpu_ops", "python", "annotations", "gpu_annotations", "kernels", "runtime", "memcpy", "syncs",
+                     "memory", "flows"):  # fmt: skip
+            getattr(self, name).merge(getattr(other, name))
+        self.meta_events.extend(other.meta_events)
+        for k, v in other.counts.items():
+            self.counts[k] += v
+
+
 _CAT = attrgetter("cat")
 
 
@@ -165,16 +183,65 @@ def _by_category(events: list[ks.Event]) -> list[tuple[str, list[ks.Event]]]:
     return out
 
 
-def parse_kineto(path: str, raw: bytes | None = None) -> tuple[RankTrace, float]:
+def _build(raws: list[msgspec.Raw], lo: int, hi: int, path: str) -> _Builders:
+    b = _Builders(path)
+    for start in range(lo, hi, CHUNK):
+        b.add(_decode_chunk(raws[start : min(start + CHUNK, hi)], start, path))
+    return b
+
+
+def _can_split(n_events: int) -> bool:
+    if n_events < SPLIT_MIN_EVENTS or not hasattr(os, "fork") or os.environ.get("HERMES_NO_SPLIT"):
+        return False
+    if threading.active_count() > 1 or mp.current_process().name != "MainProcess":
+        return False  # forking a threaded process, or from inside a pool worker, is not safe
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return cpus >= 2
+
+
+def _build_split(raws: list[msgspec.Raw], path: str) -> _Builders:
+    """Build the second half of the events in a forked child (it shares the decoded bytes
+    copy-on-write) while this process builds the first half, then merge."""
+    mid = (len(raws) // 2 // CHUNK) * CHUNK or len(raws) // 2
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: build, send the builders back, exit without running any cleanup
+        os.close(rfd)
+        try:
+            try:
+                payload = ("ok", _build(raws, mid, len(raws), path))
+            except BaseException as exc:  # noqa: BLE001  (sent to the parent, re-raised there)
+                payload = ("err", exc if isinstance(exc, BadTraceError) else BadTraceError(str(exc), path))
+            with os.fdopen(wfd, "wb") as fh:
+                pickle.dump(payload, fh, protocol=pickle.HIGHEST_PROTOCOL)
+        finally:
+            os._exit(0)
+    os.close(wfd)
+    try:
+        first = _build(raws, 0, mid, path)
+    finally:
+        with os.fdopen(rfd, "rb") as fh:
+            data = fh.read()
+        os.waitpid(pid, 0)
+    try:
+        status, second = pickle.loads(data)
+    except Exception:  # the child died: do its half here
+        status, second = "ok", _build(raws, mid, len(raws), path)
+    if status != "ok":
+        raise second
+    first.merge(second)
+    return first
+
+
+def parse_kineto(path: str, raw: bytes | None = None, split: bool = True) -> tuple[RankTrace, float]:
     """Parse one Kineto file. Returns the RankTrace (times relative to its first event) and the
-    absolute time (µs, the trace clock with baseTimeNanoseconds applied) of that first event."""
+    absolute time (µs, the trace clock with baseTimeNanoseconds applied) of that first event.
+    Large files are built by two processes when cores are free (``split``)."""
     if raw is None:
         raw = read_bytes(path)
     doc = decode_head(raw, path)
     raws = doc.traceEvents
-    b = _Builders(path)
-    for start in range(0, len(raws), CHUNK):
-        b.add(_decode_chunk(raws[start : start + CHUNK], start, path))
+    b = _build_split(raws, path) if split and _can_split(len(raws)) else _build(raws, 0, len(raws), path)
     doc.traceEvents = []
     del raws, raw
 

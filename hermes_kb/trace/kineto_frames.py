@@ -59,6 +59,7 @@ class FrameBuilder:
 
     what = "event"
     args_type: type | None = None
+    TABLES = {"names": "name"}  # NameTable attribute -> the chunk column holding its codes
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -79,6 +80,18 @@ class FrameBuilder:
 
     def extract(self, events: list[ks.Event], args: list[Any], offset: int) -> dict[str, np.ndarray]:
         return {}
+
+    def merge(self, other: FrameBuilder) -> None:
+        """Append another builder's rows (built from later events): re-code its interned columns."""
+        for attr, col in self.TABLES.items():
+            remap = getattr(self, attr).codes(list(getattr(other, attr).table))
+            for chunk in other.chunks:
+                chunk[col] = remap[chunk[col]] if len(remap) else chunk[col]
+        for attr in ("collective_args",):
+            if hasattr(self, attr):
+                getattr(self, attr).update({k + self.n: v for k, v in getattr(other, attr).items()})
+        self.chunks.extend(other.chunks)
+        self.n += other.n
 
     def min_ts(self) -> float:
         return min((float(c["ts"].min()) for c in self.chunks), default=float("inf"))
@@ -117,6 +130,7 @@ class FrameBuilder:
 class CpuOps(FrameBuilder):
     what = "cpu_op"
     args_type = ks.CpuOpArgs
+    TABLES = {"names": "name", "dims": "input_dims", "types": "input_types"}
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
@@ -266,6 +280,7 @@ class Memcpy(FrameBuilder):
 
     what = "gpu_memcpy"
     args_type = ks.MemcpyArgs
+    TABLES = {"names": "name", "labels": "label"}
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
@@ -315,6 +330,7 @@ class Memcpy(FrameBuilder):
 class Syncs(FrameBuilder):
     what = "cuda_sync"
     args_type = ks.SyncArgs
+    TABLES = {"names": "name", "kinds": "sync_kind"}
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
@@ -375,6 +391,10 @@ class Flows:
     def __init__(self, path: str) -> None:
         self.ids: list[np.ndarray] = []
         self.ts: list[np.ndarray] = []
+
+    def merge(self, other: Flows) -> None:
+        self.ids.extend(other.ids)
+        self.ts.extend(other.ts)
 
     def add(self, events: list[ks.Event]) -> None:
         fin = [e for e in events if e.ph == "f"]

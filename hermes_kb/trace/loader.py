@@ -58,9 +58,9 @@ def rank_from_filename(path: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _parse_one(path: str) -> tuple[str, RankTrace | None, float, HermesError | None]:
+def _parse_one(path: str, split: bool = True) -> tuple[str, RankTrace | None, float, HermesError | None]:
     try:
-        trace, first = parse_kineto(path)
+        trace, first = parse_kineto(path, split=split)
         return path, trace, first, None
     except HermesError as exc:
         return path, None, 0.0, exc
@@ -87,7 +87,7 @@ def _parse_all(files: list[str], max_workers: int | None, progress: Progress | N
                 progress(i + 1, len(files), f)
         return results
     with ProcessPoolExecutor(max_workers=n) as pool:
-        for i, res in enumerate(pool.map(_parse_one, files)):
+        for i, res in enumerate(pool.map(_parse_one, files, [False] * len(files))):
             results.append(res)
             if progress:
                 progress(i + 1, len(files), res[0])

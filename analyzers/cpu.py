@@ -1,0 +1,560 @@
+"""cpu analyzer: launch and dispatch cost, synchronisations, GC, compilation, host vs device busy.
+
+Facts (hermes_kb/facts/cpu.py; formulas in docs/analysis/cpu.md):
+
+* ``launch_overhead`` (rank-level): launch calls, kernels shorter than their launch call, host
+  time per kernel, launch-to-start delay (p50/p95), kernels the device waited for (HTA host_wait).
+* ``host_device_busy`` (per step, at most ``MAX_STEP_FACTS``, + aggregate): host threads busy in
+  cpu ops vs device busy, and device idle while the host works.
+* ``host_sync`` (per step with syncs, capped, + aggregate): sync runtime calls, blocking
+  device-to-host copies, cuda_sync events, and (aggregate) the ops behind them (top 10).
+* ``gc_pauses`` (rank-level, only when the trace records 'Python GC' events).
+* ``compilation`` (per step that compiles/autotunes + aggregate when any compile-related event
+  exists): compile and autotune time, compiled-region runs, guard checks, recompilation ids.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from hermes_kb.facts.base import Evidence, Fact
+from hermes_kb.facts.cpu import Compilation, GcPauses, HostDeviceBusy, HostSync, LaunchOverhead, SyncSource
+
+from . import intervals as iv
+from .context import RankContext
+from .io import (
+    GC_NAME,
+    div,
+    host_tids,
+    host_window_arrays,
+    memcpy_runtime,
+    name_is,
+    name_mask,
+    on_tids,
+    pick_steps,
+    step_pos,
+    top_ops_union,
+    window_arrays,
+)
+
+TOP_SOURCES = 10
+
+# ops whose purpose implies a device-to-host synchronisation; the outermost one in a call's op
+# chain names the cause (aten::item > aten::_local_scalar_dense > aten::to > aten::copy_)
+SYNC_OPS = frozenset({
+    "aten::item", "aten::_local_scalar_dense", "aten::cpu", "aten::numpy", "aten::tolist", "aten::nonzero",
+    "aten::nonzero_numpy", "aten::masked_select", "aten::to", "aten::_to_copy", "aten::copy_", "aten::unique",
+    "aten::_unique", "aten::_unique2", "aten::unique_consecutive", "aten::unique_dim", "aten::is_nonzero",
+    "aten::equal", "aten::allclose", "aten::repeat_interleave", "aten::bincount", "aten::histc",
+    "aten::masked_scatter", "aten::index", "aten::index_put_", "aten::_assert_async", "aten::multinomial",
+    "aten::where", "aten::argwhere",
+})  # fmt: skip
+
+# torch.compile: running compiled code (not compilation)
+REGION_RE = re.compile(r"Torch-Compiled Region|CompiledFxGraph|CompiledFunction|Compiled Function")
+LOOKUP_RE = re.compile(r"TorchDynamo Cache Lookup")
+# compilation proper: Dynamo tracing, AOTAutograd, Inductor lowering/codegen, Triton JIT compile
+# (python_function paths, and the record_function names of dynamo_timed phases)
+COMPILE_RE = re.compile(
+    r"torch/_dynamo/(convert_frame|symbolic_convert|output_graph|bytecode_transformation|bytecode_analysis|"
+    r"variables/|backends/|guards\.py\(\d+\): (CheckFunctionManager|build_guard_function|compile_check_fn))"
+    r"|torch/_functorch/aot_autograd\.py\(\d+\): (_?create_aot_dispatcher_function|aot_module_simplified|"
+    r"aot_function|aot_module|aot_export\w*)|torch/_functorch/_aot_autograd/(jit_compile_runtime_wrappers|"
+    r"dispatch_and_compile_graph|collect_metadata_analysis)"
+    r"|torch/_inductor/(compile_fx|graph|scheduler|lowering|ir|decomposition|select_algorithm|autotune_process|"
+    r"async_compile|codecache|fx_passes/|codegen/)"
+    r"|triton/compiler/compiler\.py\(\d+\): compile\b|triton/runtime/jit\.py\(\d+\): _do_compile"
+    r"|^(_compile\.|entire_frame_compile|compile_fx|fx_codegen_and_compile|backend_compile|OutputGraph\.|"
+    r"create_aot_dispatcher_function|inductor_compile|async_compile\.|GraphLowering\.|Scheduler\.|"
+    r"PyCodeCache\.|compile_file|aot_collect_metadata|TorchDynamo$|Dynamo compile)"
+)
+AUTOTUNE_RE = re.compile(
+    r"cudnnFind|miopenFind|FindConvolution|cudnnGet\w*Algorithm|[Aa]utotun|TunableOp|tunableop"
+    r"|select_algorithm\.py|benchmark_choice|do_bench"
+)
+REGION_ID_RE = re.compile(r"Torch-Compiled Region: (\d+)/(\d+)")
+
+
+def _pctl(a: np.ndarray, q: float) -> float | None:
+    return float(np.percentile(a, q)) if len(a) else None
+
+
+def _device_union(ctx: RankContext) -> iv.Intervals | None:
+    tr = ctx.trace
+    parts_s, parts_e = [], []
+    for fr in (tr.kernels, tr.memcpy):
+        if len(fr):
+            parts_s.append(fr["ts"].to_numpy())
+            parts_e.append(fr["end"].to_numpy())
+    if not parts_s:
+        return None
+    return iv.union(np.concatenate(parts_s), np.concatenate(parts_e))
+
+
+def _blocking_dtoh_rows(tr) -> np.ndarray:
+    """Runtime rows of DtoH copies that block the host: a synchronous copy call, or a pageable
+    destination (the host waits for the copy either way)."""
+    mi, ri = memcpy_runtime(tr, "DtoH")
+    if not len(mi):
+        return np.zeros(0, np.int64)
+    blocking = ~name_mask(tr.runtime["name"], r"Async")[ri] | (tr.memcpy["dst"] == "Pageable").to_numpy()[mi]
+    return ri[blocking]
+
+
+def _blocked_union(tr, tids: np.ndarray) -> iv.Intervals:
+    """Host time blocked waiting for the device: sync calls and blocking DtoH copy calls."""
+    rt = tr.runtime
+    if not len(rt):
+        return iv.EMPTY
+    rows = np.union1d(np.flatnonzero((rt["kind"] == "sync").to_numpy()), _blocking_dtoh_rows(tr))
+    rows = rows[np.isin(rt["tid"].to_numpy()[rows], tids)]
+    return iv.union(rt["ts"].to_numpy()[rows], rt["end"].to_numpy()[rows])
+
+
+# ---------------------------------------------------------------- launch overhead
+
+
+def _launch(ctx: RankContext, host: iv.Intervals, has_ops: bool) -> list[Fact]:
+    tr = ctx.trace
+    rt, kn, lk = tr.runtime, tr.kernels, tr.links
+    if not len(rt) or not len(kn):
+        return []
+    rstep = ctx.step_of(rt["ts"].to_numpy())
+    rkind = rt["kind"].to_numpy()
+    launch = (rkind == "launch") & (rstep >= 0)
+    graph = (rkind == "graph_launch") & (rstep >= 0)
+    if not launch.any() and not graph.any():
+        return []
+    rdur = rt["dur"].to_numpy()
+    # kernels started by a plain launch call in the steps
+    kdur = np.zeros(0)
+    ldur = np.zeros(0)
+    queue = np.zeros(0)
+    if len(lk):
+        ri = lk["runtime_idx"].to_numpy()
+        gi = lk["gpu_idx"].to_numpy()
+        m = (lk["gpu_kind"] == "kernel").to_numpy() & (ri >= 0) & (ri < len(rt)) & (gi >= 0) & (gi < len(kn))
+        m[m] &= launch[ri[m]]
+        ri, gi = ri[m], gi[m]
+        kdur = kn["dur"].to_numpy()[gi]
+        ldur = rdur[ri]
+        queue = kn["ts"].to_numpy()[gi] - rt["end"].to_numpy()[ri]  # HTA launch delay
+    nk = len(kdur)
+    short = int((kdur < ldur).sum())
+    hs, he = host_window_arrays(ctx)
+    host_us = float(iv.overlap_length(hs, he, host).sum()) if has_ops else None
+
+    # HTA host_wait, per stream: launched after the previous activity on the stream ended
+    hw_count, hw_total = 0, 0
+    if len(lk):
+        cols: dict[str, list[np.ndarray]] = {"stream": [], "device": [], "ts": [], "end": [], "launch": []}
+        for kind, fr in (("kernel", kn), ("memcpy", tr.memcpy)):
+            if not len(fr):
+                continue
+            lm = (lk["gpu_kind"] == kind).to_numpy()
+            launch_ts = np.full(len(fr), np.nan)
+            gi = lk["gpu_idx"].to_numpy()[lm]
+            ok = (gi >= 0) & (gi < len(fr))
+            launch_ts[gi[ok]] = lk["launch_ts"].to_numpy()[lm][ok]
+            for c in ("stream", "device", "ts", "end"):
+                cols[c].append(fr[c].to_numpy())
+            cols["launch"].append(launch_ts)
+        if cols["ts"]:
+            st, dv, ts, en, lts = (
+                np.concatenate(cols[c]) for c in ("stream", "device", "ts", "end", "launch")
+            )
+            o = np.lexsort((ts, st, dv))
+            st, dv, ts, en, lts = st[o], dv[o], ts[o], en[o], lts[o]
+            prev_end = np.full(len(ts), np.nan)
+            same = (st[1:] == st[:-1]) & (dv[1:] == dv[:-1])
+            prev_end[1:][same] = en[:-1][same]
+            valid = (ctx.step_of(ts) >= 0) & ~np.isnan(lts) & ~np.isnan(prev_end)
+            hw_total = int(valid.sum())
+            hw_count = int((valid & (lts > prev_end)).sum())
+
+    lsel = rdur[launch]
+    names = rt["name"][launch].value_counts().head(5)
+    names = names[names > 0]
+    return [LaunchOverhead(
+        rank=tr.rank, launches_count=int(launch.sum()), graph_launches_count=int(graph.sum()), kernels_count=nk,
+        launch_call_mean_us=float(lsel.mean()) if len(lsel) else None, launch_call_p50_us=_pctl(lsel, 50),
+        kernel_mean_us=float(kdur.mean()) if nk else None, kernel_p50_us=_pctl(kdur, 50),
+        short_kernels_count=short, short_kernels_ratio=div(short, nk),
+        host_us_per_kernel=(host_us / nk) if (host_us is not None and nk) else None,
+        queue_p50_us=_pctl(queue, 50), queue_p95_us=_pctl(queue, 95),
+        host_wait_kernels_count=hw_count, host_wait_kernels_ratio=div(hw_count, hw_total),
+        evidence=Evidence(
+            time_ranges_us=[ctx.span], events=[str(n) for n in names.index],
+            counts={str(k): int(v) for k, v in names.items()} | {"kernels_linked": nk, "device_activities_checked": hw_total},
+            note="short kernel: kernel duration < its launch call's duration; queue: kernel start - launch call end; "
+                 "host_wait: launch call start > end of the previous activity on the same stream (HTA idle breakdown)",
+        ),
+    )]  # fmt: skip
+
+
+# ---------------------------------------------------------------- host vs device busy
+
+
+def _busy(ctx: RankContext, host: iv.Intervals, device: iv.Intervals | None, tids: np.ndarray) -> list[Fact]:
+    tr = ctx.trace
+    if not len(tr.cpu_ops) and device is None:
+        return []
+    ws, we = window_arrays(ctx)
+    steps = np.array([w.step for w in ctx.windows])
+    win = we - ws
+    hb = iv.overlap_length(ws, we, host)
+    ann, py = tr.annotations, tr.python
+    am = on_tids(ann, tids) & (ann["kind"] != "step").to_numpy() if len(ann) else np.zeros(0, bool)
+    pm = on_tids(py, tids)
+    act = iv.union(np.concatenate([host[0], ann["ts"].to_numpy()[am], py["ts"].to_numpy()[pm]]),
+                   np.concatenate([host[1], ann["end"].to_numpy()[am], py["end"].to_numpy()[pm]]))  # fmt: skip
+    ha = iv.overlap_length(ws, we, act)
+    if device is not None:
+        db = iv.overlap_length(ws, we, device)
+        idle_host = hb - iv.overlap_length(ws, we, iv.intersect(host, device))
+    launches = np.zeros(len(steps))
+    if len(tr.runtime):
+        rm = tr.runtime["kind"].isin(["launch", "graph_launch"]).to_numpy()
+        pos, ok = step_pos(steps, ctx.step_of(tr.runtime["ts"].to_numpy()[rm]))
+        np.add.at(launches, pos[ok], 1)
+
+    def make(idx, step):
+        w, h, a = float(win[idx].sum()), float(hb[idx].sum()), float(ha[idx].sum())
+        d = float(db[idx].sum()) if device is not None else None
+        ih = float(idle_host[idx].sum()) if device is not None else None
+        return HostDeviceBusy(
+            rank=tr.rank, step=step, window_us=w, host_busy_us=h, host_busy_ratio=div(h, w),
+            host_active_us=a, host_active_ratio=div(a, w),
+            device_busy_us=d, device_busy_ratio=div(d, w) if d is not None else None,
+            device_idle_us=max(w - d, 0.0) if d is not None else None,
+            device_idle_host_busy_us=ih, device_idle_host_busy_ratio=div(ih, w) if ih is not None else None,
+            launches_count=int(launches[idx].sum()),
+            evidence=Evidence(time_ranges_us=[(float(ws[i]), float(we[i])) for i in np.atleast_1d(idx)[:5]],
+                              counts={"host_threads": len(tids)},
+                              note=f"host = top-level cpu ops on threads {tids.tolist()[:6]}; device = kernels, memcpy, memset"),
+        )  # fmt: skip
+
+    keep = pick_steps(
+        {int(s): float(win[i] - (db[i] if device is not None else 0.0)) for i, s in enumerate(steps)}
+    )
+    facts: list[Fact] = [make(np.array([i]), int(s)) for i, s in enumerate(steps) if int(s) in keep]
+    facts.append(make(np.arange(len(steps)), None))
+    return facts
+
+
+# ---------------------------------------------------------------- synchronisation
+
+
+def _sync_sources(ctx: RankContext, calls: np.ndarray) -> list[SyncSource]:
+    """Ops behind the given runtime rows: walk from the call's External id to its cpu op, then
+    up the op tree; the outermost op of SYNC_OPS names the cause."""
+    tr = ctx.trace
+    rt, ops = tr.runtime, tr.cpu_ops
+    if not len(calls):
+        return []
+    n = len(calls)
+    dur = rt["dur"].to_numpy()[calls]
+    cause = np.full(n, "(no op)", dtype=object)
+    outer = np.full(n, "(no op)", dtype=object)
+    found = np.zeros(n, dtype=bool)
+    if len(ops):
+        eid = ops["ext_id"].to_numpy()
+        has = np.flatnonzero(eid >= 0)
+        # the innermost op with that id (a deeper op starts later)
+        emap = pd.Series(has, index=eid[has])
+        emap = emap[~emap.index.duplicated(keep="last")]
+        row = pd.Series(rt["ext_id"].to_numpy()[calls]).map(emap).fillna(-1).to_numpy(dtype=np.int64)
+        found = row >= 0
+        if found.any():
+            parent = ops["parent"].to_numpy()
+            nm = (
+                ops["name"]
+                if isinstance(ops["name"].dtype, pd.CategoricalDtype)
+                else ops["name"].astype("category")
+            )
+            codes = nm.cat.codes.to_numpy()
+            known_cat = np.isin(nm.cat.categories.astype(str), list(SYNC_OPS))
+            cur = row.copy()
+            best = np.where(found, row, -1)  # innermost op by default
+            top = cur.copy()
+            for _ in range(int(ops["depth"].max()) + 2):
+                live = cur >= 0
+                if not live.any():
+                    break
+                k = np.zeros(n, dtype=bool)
+                c = codes[cur[live]]
+                k[live] = (c >= 0) & known_cat[np.clip(c, 0, None)]
+                best = np.where(k, cur, best)
+                top = np.where(live, cur, top)
+                nxt = np.full(n, -1, dtype=np.int64)
+                nxt[live] = parent[cur[live]]
+                cur = nxt
+            cause[found] = nm.iloc[best[found]].astype(str).to_numpy()
+            outer[found] = nm.iloc[top[found]].astype(str).to_numpy()
+    # calls outside every op: the innermost Python function around the longest of them
+    py = tr.python
+    lost = np.flatnonzero(~found)
+    if len(lost) and len(py):
+        lost = lost[np.argsort(-dur[lost])][:20]
+        pts, pend, ptid = py["ts"].to_numpy(), py["end"].to_numpy(), py["tid"].to_numpy()
+        not_gc = ~name_is(py["name"], GC_NAME)
+        cts, cend, ctid = (rt[c].to_numpy()[calls[lost]] for c in ("ts", "end", "tid"))
+        for j, a, b, t in zip(lost, cts, cend, ctid):  # at most 20 calls
+            m = np.flatnonzero((ptid == t) & (pts <= a) & (pend >= b) & not_gc)
+            if len(m):
+                outer[j] = f"(python) {py['name'].iat[m[np.argmax(pts[m])]]}"
+    df = pd.DataFrame({"op": cause, "outer": outer, "dur": dur})
+    g = (
+        df.groupby(["op", "outer"], sort=False)["dur"]
+        .agg(["size", "sum"])
+        .sort_values("sum", ascending=False)
+    )
+    return [SyncSource(op=str(o), outer_op=str(u), count=int(r["size"]), host_us=float(r["sum"]))
+            for (o, u), r in g.head(TOP_SOURCES).iterrows()]  # fmt: skip
+
+
+def _sync(ctx: RankContext) -> list[Fact]:
+    tr = ctx.trace
+    rt = tr.runtime
+    steps = np.array([w.step for w in ctx.windows])
+    hs, he = host_window_arrays(ctx)
+    n = len(steps)
+    rows_sync = np.zeros(0, np.int64)
+    if len(rt):
+        sm = (rt["kind"] == "sync").to_numpy()
+        rows_sync = np.flatnonzero(sm)
+    s_step = ctx.step_of(rt["ts"].to_numpy()[rows_sync]) if len(rows_sync) else np.zeros(0, np.int64)
+    rows_sync, s_step = rows_sync[s_step >= 0], s_step[s_step >= 0]
+    # device-to-host copies, and the blocking ones: a synchronous copy call, or pageable destination
+    mc = tr.memcpy
+    d_idx = np.flatnonzero((mc["kind"] == "DtoH").to_numpy()) if len(mc) else np.zeros(0, np.int64)
+    d_step = ctx.step_of(mc["ts"].to_numpy()[d_idx]) if len(d_idx) else np.zeros(0, np.int64)
+    blk_rows = _blocking_dtoh_rows(tr)
+    blk_step = ctx.step_of(rt["ts"].to_numpy()[blk_rows])
+    blk_rows, blk_step = blk_rows[blk_step >= 0], blk_step[blk_step >= 0]
+    blk_dur = rt["dur"].to_numpy()[blk_rows]
+    sy = tr.syncs
+    e_step = ctx.step_of(sy["ts"].to_numpy()) if len(sy) else np.zeros(0, np.int64)
+    if not len(rows_sync) and not len(blk_rows) and not (d_step >= 0).any() and not (e_step >= 0).any():
+        return []
+
+    def per_step(st, vals=None):
+        out = np.zeros(n)
+        pos, ok = step_pos(steps, st)
+        np.add.at(out, pos[ok], 1 if vals is None else vals[ok])
+        return out
+
+    sdur = rt["dur"].to_numpy()[rows_sync] if len(rows_sync) else np.zeros(0)
+    sc, su = per_step(s_step), per_step(s_step, sdur)
+    longest = np.zeros(n)
+    pos, ok = step_pos(steps, s_step)
+    np.maximum.at(longest, pos[ok], sdur[ok])
+    dbytes = mc["bytes"].to_numpy()[d_idx].clip(0) if len(d_idx) else np.zeros(0)
+    dc, db = per_step(d_step), per_step(d_step, dbytes.astype(np.float64))
+    bc, bu = per_step(blk_step), per_step(blk_step, blk_dur)
+    ec = per_step(e_step)
+    eu = per_step(e_step, sy["dur"].to_numpy()) if len(sy) else np.zeros(n)
+    api = rt["name"].to_numpy()[rows_sync].astype(str) if len(rows_sync) else np.zeros(0, dtype=object)
+
+    def make(idx, step, sources):
+        sel = np.isin(s_step, steps[idx])
+        cnt = pd.Series(api[sel]).value_counts().head(6)
+        top3 = rows_sync[sel][np.argsort(-sdur[sel])[:3]]
+        w = float((he - hs)[idx].sum())
+        blocking_us = float(su[idx].sum() + bu[idx].sum())
+        return HostSync(
+            rank=tr.rank, step=step, window_us=w,
+            sync_calls_count=int(sc[idx].sum()), sync_calls_us=float(su[idx].sum()), longest_sync_us=float(longest[idx].max()),
+            dtoh_count=int(dc[idx].sum()), dtoh_bytes=int(db[idx].sum()),
+            dtoh_blocking_count=int(bc[idx].sum()), dtoh_blocking_us=float(bu[idx].sum()),
+            blocking_us=blocking_us, blocking_ratio=div(blocking_us, w),
+            sync_events_count=int(ec[idx].sum()), sync_events_us=float(eu[idx].sum()), top_sources=sources,
+            evidence=Evidence(
+                time_ranges_us=[(float(rt["ts"].iat[r]), float(rt["end"].iat[r])) for r in top3],
+                events=[str(k) for k in cnt.index], counts={str(k): int(v) for k, v in cnt.items()},
+                note="sync calls: runtime kind 'sync'; blocking DtoH: copy call without 'Async' or to pageable memory; "
+                     "time ranges: the longest sync calls",
+            ),
+        )  # fmt: skip
+
+    active = {int(s): float(su[i] + bu[i]) for i, s in enumerate(steps) if sc[i] + bc[i] + dc[i] + ec[i] > 0}
+    keep = pick_steps(active)
+    facts: list[Fact] = [make(np.array([i]), int(s), []) for i, s in enumerate(steps) if int(s) in keep]
+    sources = _sync_sources(ctx, np.concatenate([rows_sync, blk_rows]))
+    facts.append(make(np.arange(n), None, sources))
+    return facts
+
+
+# ---------------------------------------------------------------- garbage collection
+
+
+def _gc(ctx: RankContext) -> list[Fact]:
+    tr = ctx.trace
+    py = tr.python
+    if not len(py):
+        return []
+    gm = name_is(py["name"], GC_NAME)
+    if not gm.any():
+        return []
+    ts, dur = py["ts"].to_numpy()[gm], py["dur"].to_numpy()[gm]
+    st = ctx.step_of(ts)
+    ok = st >= 0
+    if not ok.any():
+        return []
+    ts, dur, st = ts[ok], dur[ok], st[ok]
+    ws, we = window_arrays(ctx)
+    steps = np.array([w.step for w in ctx.windows])
+    per = np.zeros(len(steps))
+    pos, okp = step_pos(steps, st)
+    np.add.at(per, pos[okp], dur[okp])
+    win = we - ws
+    ann = tr.annotations
+    dl = ann[(ann["kind"] == "dataloader").to_numpy()]
+    in_dl = (
+        int(iv.covered_by(ts, iv.union(dl["ts"].to_numpy(), dl["end"].to_numpy())).sum()) if len(dl) else 0
+    )
+    with_gc = sorted({int(s) for s in st})
+    top = np.argsort(-dur)[:5]
+    return [GcPauses(
+        rank=tr.rank, gc_count=len(ts), gc_us=float(dur.sum()), longest_us=float(dur.max()), steps_with_gc=with_gc,
+        steps_with_gc_ratio=div(len(with_gc), len(steps)), step_time_ratio=div(float(dur.sum()), float(win.sum())),
+        max_step_ratio=float(max(div(per[i], win[i]) for i in range(len(steps)))), in_dataloader_count=in_dl,
+        evidence=Evidence(time_ranges_us=[(float(ts[i]), float(ts[i] + dur[i])) for i in top], events=[GC_NAME],
+                          counts={GC_NAME: len(ts)}),
+    )]  # fmt: skip
+
+
+# ---------------------------------------------------------------- compilation
+
+
+ANY_COMPILE_RE = re.compile(
+    "|".join(f"(?:{p.pattern})" for p in (COMPILE_RE, AUTOTUNE_RE, REGION_RE, LOOKUP_RE))
+)
+
+
+def _matches(
+    ctx: RankContext, pattern: re.Pattern, frames=("cpu_ops", "annotations", "python", "runtime"), pre=None
+):
+    """(ts, end, names) of the events of the given frames whose names match; ``pre`` holds, per
+    frame, the rows a cheaper combined pattern already selected (None: no candidate at all)."""
+    tr = ctx.trace
+    s, e, names = [], [], []
+    for f in frames:
+        fr = getattr(tr, f)
+        rows = pre.get(f) if pre is not None else None
+        if not len(fr) or (pre is not None and rows is None):
+            continue
+        if rows is None:
+            rows = np.arange(len(fr))
+        nm = fr["name"].iloc[rows]
+        m = name_mask(nm, pattern)
+        if m.any():
+            s.append(fr["ts"].to_numpy()[rows[m]])
+            e.append(fr["end"].to_numpy()[rows[m]])
+            vc = nm[m].value_counts()
+            names.extend(str(n) for n in vc[vc > 0].head(5).index)
+    if not s:
+        return np.zeros(0), np.zeros(0), []
+    return np.concatenate(s), np.concatenate(e), names
+
+
+def _compilation(ctx: RankContext) -> list[Fact]:
+    tr = ctx.trace
+    pre = {}
+    for f in ("cpu_ops", "annotations", "python", "runtime"):
+        fr = getattr(tr, f)
+        m = name_mask(fr["name"], ANY_COMPILE_RE) if len(fr) else np.zeros(0, bool)
+        pre[f] = np.flatnonzero(m) if m.any() else None
+    if all(v is None for v in pre.values()):
+        return []
+    c_s, c_e, c_names = _matches(ctx, COMPILE_RE, pre=pre)
+    a_s, a_e, a_names = _matches(ctx, AUTOTUNE_RE, pre=pre)
+    r_s, r_e, r_names = _matches(ctx, REGION_RE, ("cpu_ops", "annotations"), pre=pre)
+    l_s, l_e, l_names = _matches(ctx, LOOKUP_RE, ("cpu_ops", "annotations"), pre=pre)
+    if not (len(c_s) or len(a_s) or len(r_s) or len(l_s)):
+        return []
+    ws, we = window_arrays(ctx)
+    steps = np.array([w.step for w in ctx.windows])
+    C, A, R = iv.union(c_s, c_e), iv.union(a_s, a_e), iv.union(r_s, r_e)
+    CA = iv.union(np.concatenate([C[0], A[0]]), np.concatenate([C[1], A[1]]))
+    cu, au, ru, cau = (iv.overlap_length(ws, we, x) for x in (C, A, R, CA))
+
+    def blocks(x: iv.Intervals) -> np.ndarray:
+        out = np.zeros(len(steps))
+        pos, ok = step_pos(steps, ctx.step_of(x[0]))
+        np.add.at(out, pos[ok], 1)
+        return out
+
+    cn, an, rn = blocks(C), blocks(A), blocks(R)
+    l_step = ctx.step_of(l_s)
+    ln, lu = np.zeros(len(steps)), np.zeros(len(steps))
+    pos, ok = step_pos(steps, l_step)
+    np.add.at(ln, pos[ok], 1)
+    np.add.at(lu, pos[ok], (l_e - l_s)[ok])
+    # compiled-region ids run in the steps
+    rt_names = []
+    for f in ("cpu_ops", "annotations"):
+        fr = getattr(tr, f)
+        if len(fr):
+            rows = pre.get(f)
+            if rows is None:
+                continue
+            nm = fr["name"].iloc[rows]
+            m = name_mask(nm, REGION_ID_RE) & (ctx.step_of(fr["ts"].to_numpy()[rows]) >= 0)
+            rt_names.extend(str(n) for n in pd.unique(nm.to_numpy()[m]))
+    ids = sorted({f"{a}/{b}" for n in rt_names for a, b in REGION_ID_RE.findall(n)},
+                 key=lambda x: tuple(int(p) for p in x.split("/")))  # fmt: skip
+    max_id = max((int(x.split("/")[1]) for x in ids), default=None)
+
+    def make(idx, step):
+        w = float((we - ws)[idx].sum())
+        mine = np.flatnonzero(np.isin(ctx.step_of(CA[0]), steps[idx]))
+        mine = mine[np.argsort(-(CA[1] - CA[0])[mine])[:3]]
+        rng = [(float(CA[0][j]), float(CA[1][j])) for j in mine]
+        return Compilation(
+            rank=tr.rank, step=step, window_us=w, compile_us=float(cu[idx].sum()), compile_count=int(cn[idx].sum()),
+            autotune_us=float(au[idx].sum()), autotune_count=int(an[idx].sum()), compile_ratio=div(float(cau[idx].sum()), w),
+            compiled_region_count=int(rn[idx].sum()), compiled_region_us=float(ru[idx].sum()),
+            cache_lookup_count=int(ln[idx].sum()), cache_lookup_us=float(lu[idx].sum()),
+            compiled_frames=ids[:10], max_compile_id=max_id, recompiled=bool(max_id),
+            evidence=Evidence(
+                time_ranges_us=rng, events=list(dict.fromkeys(c_names + a_names + r_names + l_names))[:10],
+                counts={"compile_events": len(c_s), "autotune_events": len(a_s), "region_events": len(r_s),
+                        "cache_lookups": len(l_s)},
+                note="compile: Dynamo convert_frame/symbolic_convert/output_graph, AOTAutograd dispatcher creation, "
+                     "Inductor compile_fx/graph/scheduler/codegen/codecache, Triton compile; region: Torch-Compiled "
+                     "Region / CompiledFxGraph / CompiledFunction (running compiled code, not compiling)",
+            ),
+        )  # fmt: skip
+
+    facts: list[Fact] = []
+    active = {int(s): float(cau[i]) for i, s in enumerate(steps) if cau[i] > 0}
+    keep = pick_steps(active)
+    facts.extend(make(np.array([i]), int(s)) for i, s in enumerate(steps) if int(s) in keep)
+    if cu.sum() + au.sum() + ru.sum() + ln.sum() > 0:
+        facts.append(make(np.arange(len(steps)), None))
+    return facts
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def per_rank(ctx: RankContext) -> list[Fact]:
+    if not ctx.windows:
+        return []
+    tr = ctx.trace
+    tids = host_tids(tr)
+    has_ops = bool(len(tr.cpu_ops))
+    host = iv.subtract(top_ops_union(tr, tids), _blocked_union(tr, tids))
+    device = _device_union(ctx)
+    facts: list[Fact] = []
+    facts.extend(_launch(ctx, host, has_ops))
+    if has_ops:
+        facts.extend(_busy(ctx, host, device, tids))
+    facts.extend(_sync(ctx))
+    facts.extend(_gc(ctx))
+    facts.extend(_compilation(ctx))
+    return facts

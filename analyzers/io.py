@@ -1,0 +1,556 @@
+"""io analyzer: data-loader wait and its make-up, untraced host time, host-to-device copies.
+
+Facts (hermes_kb/facts/io.py; formulas in docs/analysis/io.md):
+
+* ``dataloader_wait``: per step that has DataLoader ``__next__`` annotations (at most
+  ``MAX_STEP_FACTS`` steps, the ones with the longest wait) and one aggregate: wait time,
+  share of the step and of the critical path, what runs inside the iterator (cpu ops, Python,
+  untraced), and the Hermes paper's queue-based split adapted to traces (processing, reading,
+  fetching, waiting for workers, unattributed) with the largest part as classification.
+* ``untraced_host_time``: per step (same cap) and aggregate: host time on the host threads
+  outside every cpu op and user annotation, split into Python work and untraced time, with
+  the longest gaps and the events around them.
+* ``h2d_copies``: per source memory kind (pageable / pinned / other), over all analysed steps.
+
+Reads ``ctx.shared["critical_path"][step]`` when the critical_path analyzer left it (a DataFrame
+with ``start_us, end_us, category, name``); works without it. Leaves nothing in ``ctx.shared``.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import numpy as np
+import pandas as pd
+
+from hermes_kb.facts.base import Evidence, Fact
+from hermes_kb.facts.io import DataLoaderWait, HostGap, HostToDeviceCopies, NamedTime, UntracedHostTime
+from hermes_kb.trace.bundle import RankTrace
+
+from . import intervals as iv
+from .context import RankContext
+
+MAX_STEP_FACTS = 8  # per-step facts per kind; beyond that only the steps with the largest values
+LARGE_GAP_US = 1000.0  # a host gap of 1 ms or more is "large" (far above per-op Python overhead)
+TOP_GAPS = 3
+TOP_PYTHON = 5
+
+# Python functions whose self time is I/O (reading), matched on the python_function name.
+IO_PY = re.compile(
+    r"<built-in (method|function) (read|readinto|readline|readlines|recv|recv_into|recvfrom|pread|preadv|"
+    r"open|stat|lstat|fstat|listdir|scandir|exists|isfile|isdir|urlopen)\b"
+    r"|<method '(read|readinto|readline|recv)' of"
+    r"|(^|/)(genericpath|socket|ssl|shutil|tarfile|zipfile|gzip|bz2|lzma|pickle)\.py\("
+    r"|(^|/)(urllib3?|requests|http|boto3|botocore|s3fs|fsspec|gcsfs|h5py|zarr|lmdb|smart_open|webdataset)/"
+    r"|torch/serialization\.py\(\d+\): (load|_load)|npyio\.py\(\d+\): load"
+    r"|pathlib\.py\(\d+\): (open|read_bytes|read_text|stat|exists|is_file|is_dir|iterdir|glob|rglob)"
+    r"|os\.py\(\d+\): (listdir|walk|scandir|_walk)|PIL/Image\.py\(\d+\): open\b|torchvision/io/"
+)
+# Python functions whose self time is waiting on a queue / lock / pipe (worker processes, threads).
+WAIT_PY = re.compile(
+    r"(^|/)multiprocessing/(connection|queues|synchronize|popen_\w+)\.py\(|(^|/)(queue|selectors)\.py\("
+    r"|threading\.py\(\d+\): (wait|_wait_for_tstate_lock|join)"
+    r"|<built-in (method|function) (acquire|poll|select|epoll|wait|_wait)\b|<method 'acquire' of"
+)
+MULTI_ITER = "_MultiProcessingDataLoaderIter"
+SINGLE_ITER = "_SingleProcessDataLoaderIter"
+GC_NAME = "Python GC"
+
+
+# ---------------------------------------------------------------- helpers shared with cpu.py
+
+
+def name_mask(names: pd.Series, pattern: re.Pattern | str) -> np.ndarray:
+    """Rows whose name matches the regex (matched once per distinct name of a categorical)."""
+    if not len(names):
+        return np.zeros(0, dtype=bool)
+    if isinstance(names.dtype, pd.CategoricalDtype):
+        codes = names.cat.codes.to_numpy()
+        used = np.unique(codes[codes >= 0])  # test only the names present in these rows
+        hit = np.zeros(len(names.cat.categories), dtype=bool)
+        if len(used):
+            with warnings.catch_warnings():  # capture groups in the pattern are harmless here
+                warnings.simplefilter("ignore", UserWarning)
+                cats = pd.Index(names.cat.categories[used].astype(str))
+                hit[used] = np.asarray(cats.str.contains(pattern, regex=True), dtype=bool)
+        return np.where(codes >= 0, hit[np.clip(codes, 0, None)], False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return names.astype(str).str.contains(pattern, regex=True).to_numpy(dtype=bool)
+
+
+def name_is(names: pd.Series, value: str) -> np.ndarray:
+    return (names == value).to_numpy(dtype=bool) if len(names) else np.zeros(0, dtype=bool)
+
+
+def main_tid(trace: RankTrace) -> int | None:
+    """The training loop's thread: the one with the step annotations, else the DataLoader
+    annotations, else the thread launching the most device work, else the busiest cpu-op thread."""
+    ann = trace.annotations
+    for kind in ("step", "dataloader", "optimizer"):
+        sel = ann.loc[(ann["kind"] == kind).to_numpy(), "tid"]
+        if len(sel):
+            return int(sel.value_counts().index[0])
+    rt = trace.runtime
+    if len(rt):
+        sel = rt.loc[rt["kind"].isin(["launch", "graph_launch"]).to_numpy(), "tid"]
+        if len(sel):
+            return int(sel.value_counts().index[0])
+    ops = trace.cpu_ops
+    if len(ops):
+        top = ops[(ops["depth"] == 0).to_numpy()]
+        return int(top.groupby("tid")["dur"].sum().idxmax())
+    py = trace.python
+    if len(py):
+        return int(py["tid"].value_counts().index[0])
+    return None
+
+
+def host_tids(trace: RankTrace) -> np.ndarray:
+    """Threads whose work is the training loop's host time: the main thread plus every thread
+    that launches kernels, copies or synchronises (e.g. the autograd engine's device thread)."""
+    tids = set()
+    m = main_tid(trace)
+    if m is not None:
+        tids.add(m)
+    rt = trace.runtime
+    if len(rt):
+        sel = rt["kind"].isin(["launch", "graph_launch", "memcpy", "memset", "sync"]).to_numpy()
+        tids.update(int(t) for t in pd.unique(rt["tid"].to_numpy()[sel]))
+    return np.array(sorted(tids), dtype=np.int64)
+
+
+def on_tids(df: pd.DataFrame, tids: np.ndarray) -> np.ndarray:
+    if not len(df):
+        return np.zeros(0, dtype=bool)
+    return np.isin(df["tid"].to_numpy(), tids)
+
+
+def host_window(w) -> tuple[float, float]:
+    """Host side of a step: its start to the end of its step annotation (the window end when
+    the annotation ends before it starts, e.g. inferred steps)."""
+    end = w.cpu_end_us if w.cpu_end_us > w.start_us else w.end_us
+    return w.start_us, min(end, w.end_us)
+
+
+def window_arrays(ctx: RankContext) -> tuple[np.ndarray, np.ndarray]:
+    return (np.array([w.start_us for w in ctx.windows], dtype=np.float64),
+            np.array([w.end_us for w in ctx.windows], dtype=np.float64))  # fmt: skip
+
+
+def host_window_arrays(ctx: RankContext) -> tuple[np.ndarray, np.ndarray]:
+    hw = [host_window(w) for w in ctx.windows]
+    return np.array([h[0] for h in hw], dtype=np.float64), np.array([h[1] for h in hw], dtype=np.float64)
+
+
+def step_pos(steps: np.ndarray, st: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Index into ``steps`` (the windows' step numbers) of each step number in ``st`` (from
+    ``ctx.step_of``, -1 outside every window), and which ones are valid."""
+    st = np.asarray(st)
+    if not len(steps):
+        return np.zeros(len(st), np.int64), np.zeros(len(st), bool)
+    order = np.argsort(steps, kind="stable")
+    ss = steps[order]
+    i = np.clip(np.searchsorted(ss, st), 0, len(ss) - 1)
+    return order[i], (st >= 0) & (ss[i] == st)
+
+
+def pick_steps(values: dict[int, float], n: int = MAX_STEP_FACTS) -> set[int]:
+    """All steps when there are at most n, else the n with the largest values."""
+    if len(values) <= n:
+        return set(values)
+    return set(sorted(values, key=lambda s: -values[s])[:n])
+
+
+def python_stacks(trace: RankTrace) -> bool:
+    py = trace.python
+    return bool(len(py)) and bool((~name_is(py["name"], GC_NAME)).any())
+
+
+def div(a: float, b: float) -> float:
+    return float(min(max(a / b, 0.0), 1.0)) if b > 0 else 0.0
+
+
+def top_ops_union(trace: RankTrace, tids: np.ndarray) -> iv.Intervals:
+    ops = trace.cpu_ops
+    if not len(ops):
+        return iv.EMPTY
+    m = (ops["depth"].to_numpy() == 0) & on_tids(ops, tids)
+    return iv.union(ops["ts"].to_numpy()[m], ops["end"].to_numpy()[m])
+
+
+def python_union(trace: RankTrace, tids: np.ndarray) -> iv.Intervals:
+    py = trace.python
+    if not len(py):
+        return iv.EMPTY
+    m = on_tids(py, tids)
+    return iv.union(py["ts"].to_numpy()[m], py["end"].to_numpy()[m])
+
+
+def python_self_us(py: pd.DataFrame) -> np.ndarray:
+    """Self time of each python_function: its duration minus its direct children's."""
+    if not len(py):
+        return np.zeros(0)
+    pid = py["parent_id"].to_numpy()
+    kids = py.loc[pid >= 0].groupby("parent_id")["dur"].sum()
+    child = py["py_id"].map(kids).fillna(0.0).to_numpy(dtype=np.float64, copy=True)
+    child[py["py_id"].to_numpy() < 0] = 0.0
+    return np.clip(py["dur"].to_numpy() - child, 0.0, None)
+
+
+def memcpy_runtime(trace: RankTrace, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """Copies of one kind (HtoD, DtoH, ...) that have a runtime call: (memcpy rows, runtime rows)."""
+    mc, lk, rt = trace.memcpy, trace.links, trace.runtime
+    if not len(mc) or not len(lk) or not len(rt):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    gi = lk["gpu_idx"].to_numpy()
+    ri = lk["runtime_idx"].to_numpy()
+    m = (lk["gpu_kind"] == "memcpy").to_numpy() & (ri >= 0) & (ri < len(rt)) & (gi >= 0) & (gi < len(mc))
+    gi, ri = gi[m], ri[m]
+    k = (mc["kind"] == kind).to_numpy()[gi]
+    return gi[k], ri[k]
+
+
+def lengths(starts: np.ndarray, ends: np.ndarray, s: iv.Intervals) -> np.ndarray:
+    return iv.overlap_length(starts, ends, s)
+
+
+# ---------------------------------------------------------------- dataloader
+
+
+def _iterator_kind(names: pd.Series) -> np.ndarray:
+    s = names.astype(str)
+    multi = s.str.contains(MULTI_ITER, regex=False).to_numpy()
+    single = s.str.contains(SINGLE_ITER, regex=False).to_numpy()
+    return np.where(multi, "multi_process", np.where(single, "single_process", "other"))
+
+
+def _critical_path_share(
+    ctx: RankContext, step: int, loader: iv.Intervals
+) -> tuple[float | None, float | None]:
+    """(critical path length, its host part inside the loader) for a step, or (None, None)."""
+    cp = ctx.shared.get("critical_path")
+    seg = cp.get(step) if isinstance(cp, dict) else None
+    if not isinstance(seg, pd.DataFrame) or not len(seg) or not {"start_us", "end_us"} <= set(seg.columns):
+        return None, None
+    s = seg["start_us"].to_numpy(dtype=np.float64)
+    e = seg["end_us"].to_numpy(dtype=np.float64)
+    total = float(np.clip(e - s, 0.0, None).sum())
+    host = np.ones(len(seg), dtype=bool)
+    if "category" in seg.columns:
+        cat = seg["category"].astype(str).str.lower()
+        # device-side segments can run during the loader wait without being the wait itself
+        device = cat.str.contains(r"kernel|gpu|device|memcpy|memset|comm|nccl|compute|stream", regex=True)
+        host = ~device.to_numpy()
+    if "name" in seg.columns:
+        host |= seg["name"].astype(str).str.startswith("enumerate(DataLoader)").to_numpy()
+    inside = float(iv.overlap_length(s[host], e[host], loader).sum()) if host.any() else 0.0
+    return total, min(inside, total)
+
+
+def _dataloader(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
+    tr = ctx.trace
+    ann = tr.annotations
+    dl = ann[(ann["kind"] == "dataloader").to_numpy()]
+    if not len(dl):
+        return []
+    kinds = _iterator_kind(dl["name"])
+    dts, dend = dl["ts"].to_numpy(), dl["end"].to_numpy()
+    loader = iv.union(dts, dend)
+    multi = iv.union(dts[kinds == "multi_process"], dend[kinds == "multi_process"])
+    ltids = np.union1d(tids, pd.unique(dl["tid"].to_numpy()))
+
+    ops = tr.cpu_ops
+    O = top_ops_union(tr, ltids)
+    P = python_union(tr, ltids)
+    PO = iv.union(np.concatenate([O[0], P[0]]), np.concatenate([O[1], P[1]]))
+    if len(ops):
+        pm = name_mask(ops["name"], r"pin_memory") & on_tids(ops, ltids)
+        PIN = iv.union(ops["ts"].to_numpy()[pm], ops["end"].to_numpy()[pm])
+    else:
+        PIN = iv.EMPTY
+
+    ws, we = window_arrays(ctx)
+    steps = np.array([w.step for w in ctx.windows])
+    wait = lengths(ws, we, loader)
+    ops_in = lengths(ws, we, iv.intersect(loader, O))
+    po_in = lengths(ws, we, iv.intersect(loader, PO))
+    pin_in = lengths(ws, we, iv.intersect(loader, PIN))
+    m_len = lengths(ws, we, multi)
+    m_po = lengths(ws, we, iv.intersect(multi, PO))
+    step_of_call = ctx.step_of(dts)
+
+    # Python self time inside the iterator, by class
+    py = tr.python
+    io_self = np.zeros(len(steps))
+    wait_self = np.zeros(len(steps))
+    top_py: list[NamedTime] = []
+    if len(py):
+        pmask = (
+            on_tids(py, ltids) & iv.covered_by(py["ts"].to_numpy(), loader) & ~name_is(py["name"], GC_NAME)
+        )
+        if pmask.any():
+            sub = py[pmask]
+            selfus = python_self_us(py)[pmask]
+            st = ctx.step_of(sub["ts"].to_numpy())
+            is_io = name_mask(sub["name"], IO_PY)
+            is_wait = name_mask(sub["name"], WAIT_PY) & ~is_io
+            pos, ok = step_pos(steps, st)
+            np.add.at(io_self, pos[ok & is_io], selfus[ok & is_io])
+            np.add.at(wait_self, pos[ok & is_wait], selfus[ok & is_wait])
+            g = pd.DataFrame({"name": sub["name"].to_numpy()[ok], "t": selfus[ok]}).groupby(
+                "name", observed=True
+            )["t"]
+            agg = (
+                pd.DataFrame({"t": g.sum(), "n": g.size()}).sort_values("t", ascending=False).head(TOP_PYTHON)
+            )
+            top_py = [NamedTime(name=str(n), time_us=float(r.t), count=int(r.n)) for n, r in agg.iterrows()]
+
+    # host-to-device copies of each step: the host time of the calls that issued them is what the
+    # loop waits for ("fetching"); their device time is reported beside it
+    h2d_host = np.zeros(len(steps))
+    h2d_dev = np.zeros(len(steps))
+    mi, ri = memcpy_runtime(tr, "HtoD")
+    if len(mi):
+        r_ts, r_dur = tr.runtime["ts"].to_numpy()[ri], tr.runtime["dur"].to_numpy()[ri]
+        for arr, ts, val in (
+            (h2d_host, r_ts, r_dur),
+            (h2d_dev, tr.memcpy["ts"].to_numpy()[mi], tr.memcpy["dur"].to_numpy()[mi]),
+        ):
+            pos, ok = step_pos(steps, ctx.step_of(ts))
+            np.add.at(arr, pos[ok], val[ok])
+
+    py_in = np.clip(po_in - ops_in, 0.0, None)
+    untraced = np.clip(wait - po_in, 0.0, None)
+    untraced_multi = np.clip(m_len - m_po, 0.0, None)
+    reading = np.minimum(io_self, py_in)
+    wait_py = np.minimum(wait_self, py_in - reading)
+    processing = np.clip(ops_in - pin_in, 0.0, None) + (py_in - reading - wait_py)
+    worker_wait = np.minimum(untraced_multi, untraced) + wait_py
+    unattributed = np.clip(untraced - untraced_multi, 0.0, None)
+    fetching = pin_in + h2d_host
+
+    def make(idx, step: int | None, iterator: str, calls: int, ranges, top) -> DataLoaderWait:
+        def s(a: np.ndarray) -> float:
+            return float(a[idx].sum())
+
+        comp = {"processing": s(processing), "reading": s(reading), "fetching": s(fetching),
+                "worker_wait": s(worker_wait), "unattributed": s(unattributed)}  # fmt: skip
+        total = sum(comp.values())
+        best = max(comp, key=comp.get)
+        cls = "undetermined" if total <= 0 or best == "unattributed" else best
+        w_us, step_us = s(wait), float((we - ws)[idx].sum())
+        cp_total = cp_loader = None
+        for i in np.atleast_1d(np.arange(len(steps))[idx]):
+            t, l_ = _critical_path_share(ctx, int(steps[i]), loader)
+            if t is not None:
+                cp_total = (cp_total or 0.0) + t
+                cp_loader = (cp_loader or 0.0) + l_
+        return DataLoaderWait(
+            rank=tr.rank, step=step, iterator=iterator, calls_count=calls,
+            wait_us=w_us, step_us=step_us, step_share_ratio=div(w_us, step_us),
+            critical_path_us=cp_total, critical_path_loader_us=cp_loader,
+            critical_path_share_ratio=div(cp_loader, cp_total) if cp_total is not None else None,
+            cpu_ops_us=s(ops_in), python_us=s(py_in), untraced_us=s(untraced),
+            cpu_ops_ratio=div(s(ops_in), w_us), python_ratio=div(s(py_in), w_us), untraced_ratio=div(s(untraced), w_us),
+            python_stacks=stacks, h2d_device_us=s(h2d_dev),
+            processing_us=comp["processing"], reading_us=comp["reading"], fetching_us=comp["fetching"],
+            worker_wait_us=comp["worker_wait"], unattributed_us=comp["unattributed"], data_time_us=total,
+            data_share_ratio=div(total, step_us),
+            classification=cls, classification_ratio=div(comp[best], total) if cls != "undetermined" else div(comp["unattributed"], total),
+            top_python=top,
+            evidence=Evidence(
+                time_ranges_us=ranges,
+                events=sorted({str(n) for n in dl["name"].to_numpy()[np.isin(step_of_call, steps[idx])]})[:5],
+                counts={"dataloader_annotations": calls, "pin_memory_ops": int(np.isin(ctx.step_of(PIN[0]), steps[idx]).sum())},
+                note="wait = union of __next__ annotations in the step; processing = cpu ops (w/o pin_memory) + Python "
+                     "time not in I/O or queue-wait functions; reading = self time of Python I/O calls; fetching = "
+                     "host time of the HtoD copy calls in the step + pin_memory; worker_wait = untraced/queue-wait time in a "
+                     "multi-process iterator; unattributed = untraced time in a single-process iterator",
+            ),
+        )  # fmt: skip
+
+    facts: list[Fact] = []
+    present = {int(steps[i]): float(wait[i]) for i in range(len(steps)) if wait[i] > 0}
+    keep = pick_steps(present)
+    for i, step in enumerate(steps):
+        if int(step) not in keep:
+            continue
+        sel = step_of_call == step
+        k = set(kinds[sel]) or {"other"}
+        rng = [(float(a), float(b)) for a, b in zip(*iv.clip(loader, ws[i], we[i]))][:5]
+        facts.append(
+            make(np.array([i]), int(step), k.pop() if len(k) == 1 else "mixed", int(sel.sum()), rng, [])
+        )
+    if present:
+        inwin = step_of_call >= 0
+        k = set(kinds[inwin])
+        longest = np.argsort(-(dend - dts)[inwin])[:5]
+        rng = [(float(dts[inwin][j]), float(dend[inwin][j])) for j in longest]
+        facts.append(
+            make(
+                np.arange(len(steps)),
+                None,
+                k.pop() if len(k) == 1 else "mixed",
+                int(inwin.sum()),
+                rng,
+                top_py,
+            )
+        )
+    return facts
+
+
+# ---------------------------------------------------------------- untraced host time
+
+
+def _gap_python(
+    py_ts: np.ndarray, py_end: np.ndarray, names: np.ndarray, a: float, b: float, covered: float
+) -> str | None:
+    """The innermost python function (latest start) that covers at least half of the gap's
+    Python-covered time: what the host was doing in the gap."""
+    if not len(py_ts) or covered <= 0:
+        return None
+    m = np.flatnonzero((py_ts < b) & (py_end > a))
+    if not len(m):
+        return None
+    ov = np.minimum(py_end[m], b) - np.maximum(py_ts[m], a)
+    m = m[ov >= 0.5 * covered - 1e-9]
+    return str(names[m[np.argmax(py_ts[m])]]) if len(m) else None
+
+
+def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
+    tr = ctx.trace
+    ops, ann, py = tr.cpu_ops, tr.annotations, tr.python
+    if not len(ops) and not len(ann) and not len(py):
+        return []
+    # covering events: top-level cpu ops and non-step annotations on the host threads
+    om = (ops["depth"].to_numpy() == 0) & on_tids(ops, tids) if len(ops) else np.zeros(0, bool)
+    am = on_tids(ann, tids) & (ann["kind"] != "step").to_numpy() if len(ann) else np.zeros(0, bool)
+    c_ts = np.concatenate([ops["ts"].to_numpy()[om], ann["ts"].to_numpy()[am]])
+    c_end = np.concatenate([ops["end"].to_numpy()[om], ann["end"].to_numpy()[am]])
+    c_src = np.concatenate([np.zeros(int(om.sum()), np.int8), np.ones(int(am.sum()), np.int8)])
+    c_row = np.concatenate([np.flatnonzero(om), np.flatnonzero(am)])
+    cover = iv.union(c_ts, c_end)
+    by_end = np.argsort(c_end, kind="stable")
+    by_ts = np.argsort(c_ts, kind="stable")
+    end_sorted, ts_sorted = c_end[by_end], c_ts[by_ts]
+    pmask = on_tids(py, tids) if len(py) else np.zeros(0, bool)
+    P = iv.union(py["ts"].to_numpy()[pmask], py["end"].to_numpy()[pmask]) if len(py) else iv.EMPTY
+    py_ts = py["ts"].to_numpy()[pmask] if len(py) else np.zeros(0)
+    py_end = py["end"].to_numpy()[pmask] if len(py) else np.zeros(0)
+    py_names = py["name"].to_numpy()[pmask] if len(py) else np.zeros(0, dtype=object)
+
+    def label(j: int) -> str:
+        src, row = c_src[j], c_row[j]
+        return str((ops if src == 0 else ann)["name"].iat[row])
+
+    def around(a: float, b: float) -> tuple[str | None, str | None]:
+        i = np.searchsorted(end_sorted, a, side="right") - 1
+        before = label(by_end[i]) if i >= 0 and abs(end_sorted[i] - a) < 1e-6 else None
+        k = np.searchsorted(ts_sorted, b, side="left")
+        after = label(by_ts[k]) if k < len(by_ts) and abs(ts_sorted[k] - b) < 1e-6 else None
+        return before, after
+
+    hs, he = host_window_arrays(ctx)
+    rows = []
+    for i, w in enumerate(ctx.windows):
+        a, b = hs[i], he[i]
+        if b <= a:
+            continue
+        cs, ce = iv.clip(cover, a, b)
+        gs = np.concatenate([[a], ce])
+        ge = np.concatenate([cs, [b]])
+        keep = ge > gs
+        gs, ge = gs[keep], ge[keep]
+        glen = ge - gs
+        py_part = iv.overlap_length(gs, ge, P) if len(gs) else np.zeros(0)
+        top = np.argsort(-glen, kind="stable")[:TOP_GAPS]
+        gaps = []
+        for j in top:
+            before, after = around(gs[j], ge[j])
+            gaps.append(HostGap(start_us=float(gs[j]), end_us=float(ge[j]), duration_us=float(glen[j]), before=before,
+                                after=after, python_function=_gap_python(py_ts, py_end, py_names, gs[j], ge[j], py_part[j]),
+                                untraced_us=float(glen[j] - py_part[j])))  # fmt: skip
+        large = glen >= LARGE_GAP_US
+        rows.append({"step": w.step, "window": b - a, "outside": float(glen.sum()), "py": float(py_part.sum()),
+                     "n": len(glen), "nl": int(large.sum()), "ll": float(glen[large].sum()), "gaps": gaps})  # fmt: skip
+    if not rows:
+        return []
+
+    def make(rs: list[dict], step: int | None, gaps: list[HostGap]) -> UntracedHostTime:
+        win = sum(r["window"] for r in rs)
+        out = sum(r["outside"] for r in rs)
+        pyt = min(sum(r["py"] for r in rs), out)
+        return UntracedHostTime(
+            rank=tr.rank, step=step, window_us=win, outside_ops_us=out, python_us=pyt, untraced_us=out - pyt,
+            outside_ops_ratio=div(out, win), python_ratio=div(pyt, win), untraced_ratio=div(out - pyt, win),
+            gaps_count=sum(r["n"] for r in rs), large_gap_threshold_us=LARGE_GAP_US,
+            large_gaps_count=sum(r["nl"] for r in rs), large_gaps_us=sum(r["ll"] for r in rs),
+            python_stacks=stacks, top_gaps=gaps,
+            evidence=Evidence(
+                time_ranges_us=[(g.start_us, g.end_us) for g in gaps],
+                counts={"host_threads": len(tids), "cpu_ops": int(om.sum()), "annotations": int(am.sum()),
+                        "python_functions": int(pmask.sum())},
+                note=f"host threads {tids.tolist()[:6]}; outside_ops = host window minus top-level cpu ops and "
+                     "non-step user annotations; python = part of it under python_function events",
+            ),
+        )  # fmt: skip
+
+    keep = pick_steps({r["step"]: r["outside"] - r["py"] for r in rows})
+    facts: list[Fact] = [make([r], r["step"], r["gaps"]) for r in rows if r["step"] in keep]
+    allgaps = sorted((g for r in rows for g in r["gaps"]), key=lambda g: -g.duration_us)[:TOP_GAPS]
+    facts.append(make(rows, None, allgaps))
+    return facts
+
+
+# ---------------------------------------------------------------- host-to-device copies
+
+
+def _h2d(ctx: RankContext) -> list[Fact]:
+    tr = ctx.trace
+    mc = tr.memcpy
+    if not len(mc):
+        return []
+    hm = (mc["kind"] == "HtoD").to_numpy() & (ctx.step_of(mc["ts"].to_numpy()) >= 0)
+    if not hm.any():
+        return []
+    idx = np.flatnonzero(hm)
+    host = np.zeros(len(mc))
+    mi, ri = memcpy_runtime(tr, "HtoD")
+    host[mi] = tr.runtime["dur"].to_numpy()[ri]
+    src = mc["src"].astype(str).to_numpy()[idx]
+    kind = np.where(src == "Pageable", "pageable", np.where(src == "Pinned", "pinned", "other"))
+    df = pd.DataFrame({"kind": kind, "dur": mc["dur"].to_numpy()[idx], "bytes": mc["bytes"].to_numpy()[idx],
+                       "host": host[idx], "ts": mc["ts"].to_numpy()[idx], "end": mc["end"].to_numpy()[idx]})  # fmt: skip
+    all_bytes = float(df["bytes"].clip(lower=0).sum())
+    facts: list[Fact] = []
+    for k, g in df.groupby("kind", sort=True):
+        b = int(g["bytes"].clip(lower=0).sum())
+        dev = float(g["dur"].sum())
+        longest = g.nlargest(3, "dur")
+        facts.append(HostToDeviceCopies(
+            rank=tr.rank, src=k, pageable=k == "pageable", copies_count=len(g), copied_bytes=b, device_us=dev,
+            host_us=float(g["host"].sum()), bandwidth_gbps=(b / dev / 1e3) if dev > 0 else None,
+            share_of_h2d_bytes_ratio=div(b, all_bytes), largest_bytes=int(g["bytes"].max()),
+            evidence=Evidence(time_ranges_us=list(zip(longest["ts"].astype(float), longest["end"].astype(float))),
+                              events=[f"Memcpy HtoD ({ {'pageable': 'Pageable', 'pinned': 'Pinned'}.get(k, 'Host')} -> Device)"],
+                              counts={"memcpy": len(g)},
+                              note="bandwidth = bytes / summed device duration (1 GB/s = 1e3 bytes/µs)"),
+        ))  # fmt: skip
+    return facts
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def per_rank(ctx: RankContext) -> list[Fact]:
+    if not ctx.windows:
+        return []
+    tids = host_tids(ctx.trace)
+    stacks = python_stacks(ctx.trace)
+    facts: list[Fact] = []
+    facts.extend(_dataloader(ctx, tids, stacks))
+    facts.extend(_untraced(ctx, tids, stacks))
+    facts.extend(_h2d(ctx))
+    return facts

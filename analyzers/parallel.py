@@ -1,0 +1,217 @@
+"""Parallelism across ranks: imbalance of step time, compute and communication between ranks,
+and the pipeline bubble of ranks that exchange point-to-point messages.
+
+Per rank and step (``rank_components``): duration, compute = |union of non-communication
+kernels ∩ step|, communication = |union of collectives ∩ step| (device kernels, or the CPU ops
+on ranks without any), busy = |union of kernels and memcpy/memset ∩ step|.
+
+``cross_rank``:
+- ``rank_imbalance`` per component (step time, compute, communication, non-communication =
+  step time - communication) over the job's ranks, and for compute and non-communication over
+  each process group whose members are a proper subset of the ranks present: per-rank per-step
+  means over the steps all compared ranks analysed, imbalance = 1 - mean/max, the rank with
+  the largest value and its excess over the mean;
+- ``pipeline_bubble`` on every rank that runs point-to-point collectives (send/recv, or
+  send_recv in a 2-rank group): bubble = 1 - compute / step time. Ranks without them get no
+  fact ('no pipeline parallelism seen').
+
+Formulas and choices: docs/analysis/parallel.md.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from hermes_kb.facts.base import Evidence
+from hermes_kb.facts.parallel import PipelineBubble, RankImbalance
+
+from . import intervals as iv
+from .comm import _parse_ranks, compute_union, rank_collectives
+from .context import RankContext
+
+MAX_GROUPS = 10
+P2P_KINDS = ("send", "recv")
+COMPONENTS = [
+    ("step_time", "duration"),
+    ("compute", "compute"),
+    ("communication", "comm"),
+    ("non_communication", "own"),
+]
+
+
+def _comm_union(ctx: RankContext) -> iv.Intervals:
+    c = ctx.trace.collectives
+    if not len(c):
+        return iv.EMPTY
+    c = c[c["collective"].astype(str).to_numpy() != "wait"]
+    kern = c[c["source"].astype(str).to_numpy() == "kernel"]
+    use = kern if len(kern) else c
+    return iv.union(use["ts"].to_numpy(float), use["end"].to_numpy(float))
+
+
+def rank_components(ctx: RankContext) -> pd.DataFrame:
+    """Per analysed step of the rank: duration, compute, comm and busy µs (cached in
+    ``ctx.shared['parallel_components']``)."""
+    cached = ctx.shared.get("parallel_components")
+    if cached is not None:
+        return cached
+    w = ctx.windows
+    s = np.array([x.start_us for x in w], dtype=float)
+    e = np.array([x.end_us for x in w], dtype=float)
+    t = ctx.trace
+    busy = iv.union(
+        np.concatenate([t.kernels["ts"].to_numpy(float), t.memcpy["ts"].to_numpy(float)]),
+        np.concatenate([t.kernels["end"].to_numpy(float), t.memcpy["end"].to_numpy(float)]),
+    )
+    out = pd.DataFrame(
+        {
+            "step": np.array([x.step for x in w], dtype=np.int64),
+            "duration": e - s,
+            "compute": iv.overlap_length(s, e, compute_union(ctx)),
+            "comm": iv.overlap_length(s, e, _comm_union(ctx)),
+            "busy": iv.overlap_length(s, e, busy),
+        }
+    )
+    out["own"] = (out["duration"] - out["comm"]).clip(lower=0.0)
+    ctx.shared["parallel_components"] = out
+    return out
+
+
+def cross_rank(contexts: dict[int, RankContext], facts: list) -> list:
+    comps = {r: rank_components(ctx) for r, ctx in contexts.items() if ctx.windows}
+    out: list = []
+    if len(comps) >= 2:
+        ranks = sorted(comps)
+        for comp, col in COMPONENTS:
+            f = _imbalance(comps, ranks, comp, col, None)
+            if f is not None:
+                out.append(f)
+        for name, members in _subgroups(contexts, set(ranks)):
+            for comp, col in COMPONENTS[1::2]:  # compute and non_communication: who the group waits for
+                f = _imbalance(comps, members, comp, col, name)
+                if f is not None:
+                    out.append(f)
+    for r, ctx in contexts.items():
+        f = _bubble(ctx, comps.get(r))
+        if f is not None:
+            out.append(f)
+    return out
+
+
+def _subgroups(contexts: dict[int, RankContext], present: set[int]) -> list[tuple[str, list[int]]]:
+    """Process groups used by collectives whose present members are >= 2 ranks and fewer than all."""
+    seen: dict[tuple[int, ...], str] = {}
+    for ctx in contexts.values():
+        df = rank_collectives(ctx)
+        if not len(df):
+            continue
+        for pg, text in df[["pg", "pg_ranks"]].drop_duplicates().itertuples(index=False):
+            members = tuple(sorted(set(_parse_ranks(text)) & present))
+            if 2 <= len(members) < len(present):
+                seen.setdefault(members, pg)
+    return [(pg, list(m)) for m, pg in list(seen.items())[:MAX_GROUPS]]
+
+
+def _imbalance(
+    comps: dict[int, pd.DataFrame], ranks: list[int], component: str, col: str, pg: str | None
+) -> RankImbalance | None:
+    common = set.intersection(*(set(comps[r]["step"].tolist()) for r in ranks))
+    if common:
+        steps = sorted(common)
+        table = pd.DataFrame(
+            {r: comps[r].drop_duplicates("step").set_index("step").loc[steps, col] for r in ranks}
+        )
+    else:  # ranks analysed different step numbers: compare each rank's own mean
+        steps = []
+        table = None
+    means = (
+        table.mean(axis=0)
+        if table is not None
+        else pd.Series({r: float(comps[r][col].mean()) for r in ranks})
+    )
+    mx = float(means.max())
+    if not mx > 0:
+        return None
+    mean = float(means.mean())
+    worst = spread = None
+    if table is not None and len(steps):
+        sp = table.max(axis=1) - table.min(axis=1)
+        worst, spread = int(sp.idxmax()), float(sp.max())
+    top = means.sort_values(ascending=False).head(10)
+    hi, lo = int(means.idxmax()), int(means.idxmin())
+    n_steps = len(steps) if steps else int(min(len(comps[r]) for r in ranks))
+    return RankImbalance(
+        rank=None,
+        component=component,
+        process_group=pg,
+        ranks_count=len(ranks),
+        steps_count=n_steps,
+        per_rank_us={int(k): float(v) for k, v in top.items()},
+        max_us=mx,
+        mean_us=mean,
+        min_us=float(means.min()),
+        imbalance_ratio=float(np.clip(1.0 - mean / mx, 0.0, 1.0)),
+        max_rank=hi,
+        max_excess_us=mx - mean,
+        min_rank=lo,
+        worst_step=worst,
+        worst_step_spread_us=spread,
+        evidence=Evidence(
+            counts={"ranks": len(ranks), "steps": n_steps},
+            note=(
+                f"per rank: mean over {'the common steps' if steps else 'its own steps'} of the {component} "
+                "per step; imbalance = 1 - mean/max over ranks"
+                + ("; compute = union of non-communication kernels" if component == "compute" else "")
+                + (
+                    "; communication = union of collectives (includes time spent waiting for peers)"
+                    if component == "communication"
+                    else ""
+                )
+                + (
+                    "; non_communication = step time - communication"
+                    if component == "non_communication"
+                    else ""
+                )
+            ),
+        ),
+    )
+
+
+def _bubble(ctx: RankContext, comp: pd.DataFrame | None) -> PipelineBubble | None:
+    df = rank_collectives(ctx)
+    if not len(df) or comp is None or not len(comp):
+        return None
+    kind = df["kind"].to_numpy()
+    p2p = np.isin(kind, P2P_KINDS) | ((kind == "send_recv") & (df["n"].to_numpy() == 2))
+    if not p2p.any():
+        return None  # no pipeline parallelism seen
+    sel = df[p2p]
+    total = float(comp["duration"].sum())
+    if not total > 0:
+        return None
+    compute = float(comp["compute"].sum())
+    busy = float(comp["busy"].sum())
+    peers = sorted({r for text in sel["pg_ranks"].unique() for r in _parse_ranks(text) if r != ctx.rank})
+    return PipelineBubble(
+        rank=ctx.rank,
+        p2p_count=int(p2p.sum()),
+        p2p_time_us=float(sel["dur"].sum()),
+        peers=peers,
+        steps_count=len(comp),
+        step_time_us=total,
+        compute_us=compute,
+        bubble_ratio=float(np.clip(1.0 - compute / total, 0.0, 1.0)),
+        idle_ratio=float(np.clip(1.0 - busy / total, 0.0, 1.0)),
+        evidence=Evidence(
+            time_ranges_us=[ctx.span],
+            events=[str(x) for x in sel["name"].unique()[:5]],
+            counts={"p2p": int(p2p.sum()), "steps": len(comp)},
+            note=(
+                "bubble = 1 - sum(compute in steps) / sum(step durations); compute = union of "
+                "non-communication kernels, so time in send/recv kernels waiting for the neighbour "
+                "stage counts "
+                "as bubble; idle = 1 - union(kernels, memcpy) / step time"
+            ),
+        ),
+    )

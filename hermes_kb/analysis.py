@@ -1,0 +1,59 @@
+"""``analyze``: a TraceBundle (or paths) in, the list of facts out."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import sys
+from collections.abc import Sequence
+
+from .facts.base import Fact
+from .trace import TraceBundle, load
+
+_BUNDLE: TraceBundle | None = None  # read by forked workers
+
+
+def _rank_job(rank: int):
+    from .analyzers import analyze_rank
+
+    assert _BUNDLE is not None
+    return analyze_rank(_BUNDLE[rank])
+
+
+def _workers(n: int, max_workers: int | None) -> int:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(n, max_workers or cpus))
+
+
+def analyze_bundle(bundle: TraceBundle, *, max_workers: int | None = None) -> list[Fact]:
+    """Per-rank analyzers (in parallel forked workers when there are several ranks and cores),
+    then the cross-rank ones. Facts come back ordered: per rank in rank order, then job-wide."""
+    from .analyzers import analyze_cross_rank, analyze_rank
+
+    global _BUNDLE
+    ranks = bundle.rank_ids
+    n = _workers(len(ranks), max_workers)
+    if n > 1 and sys.platform.startswith("linux"):
+        _BUNDLE = bundle
+        try:
+            with mp.get_context("fork").Pool(n) as pool:
+                results = pool.map(_rank_job, ranks, chunksize=1)
+        finally:
+            _BUNDLE = None
+        # the contexts hold the frames: rebuild them here (cheap) rather than ship them back
+        contexts = {}
+        for r, (ctx, _) in zip(ranks, results):
+            ctx.trace = bundle[r]
+            contexts[r] = ctx
+    else:
+        results = [analyze_rank(bundle[r]) for r in ranks]
+        contexts = {r: ctx for r, (ctx, _) in zip(ranks, results)}
+    facts: list[Fact] = [f for _, fs in results for f in fs]
+    facts.extend(analyze_cross_rank(contexts, facts))
+    return facts
+
+
+def analyze(path_or_bundle: TraceBundle | str | os.PathLike | Sequence, *, max_workers: int | None = None) -> list[Fact]:
+    """Facts about a trace: ``hermes_kb.analyze("trace.json.gz")`` or ``analyze(bundle)``."""
+    bundle = path_or_bundle if isinstance(path_or_bundle, TraceBundle) else load(path_or_bundle, max_workers=max_workers)
+    return analyze_bundle(bundle, max_workers=max_workers)

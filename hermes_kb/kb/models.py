@@ -1,0 +1,138 @@
+"""The two YAML file kinds a contributor writes: rules (facts -> bottlenecks) and cases
+(bottleneck + details -> cause and optimizations). JSON Schemas: docs/rule.schema.json and
+docs/case.schema.json (`hermes schema rule|case`)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .conditions import Pattern
+
+Category = Literal["parallel", "io", "cpu", "computation", "communication"]
+Status = Literal["experimental", "stable", "deprecated"]
+Level = Literal["low", "medium", "high"]
+
+
+class Parameter(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    default: float | int | str | bool
+    description: str
+    unit: str | None = None
+
+
+class Example(BaseModel):
+    """Facts (as JSON-like dicts, each with its ``kind``) that must / must not fire the rule or case."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict, description="parameter overrides for this example")
+    facts: list[dict[str, Any]]
+
+
+class Examples(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    fire: list[Example] = Field(min_length=1)
+    no_fire: list[Example] = Field(min_length=1)
+
+
+class FieldRef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    binding: str
+    field: str
+
+
+class Emit(BaseModel):
+    """The bottleneck fact a rule derives."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    category: Category
+    component: str = Field(description="what holds the step back, e.g. data_loader, host_launch, exposed_comm")
+    share: FieldRef = Field(description="field giving the share of the step (ratio 0..1)")
+    time: FieldRef | None = Field(default=None, description="field giving the time at stake per step (µs)")
+
+
+class Rule(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=r"^R-[A-Z]+-\d{3}$")
+    title: str
+    status: Status
+    description: str
+    parameters: dict[str, Parameter] = Field(default_factory=dict)
+    when: list[Pattern] = Field(min_length=1)
+    emit: Emit
+    examples: Examples
+
+
+class HowTo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    gpu: str | None = None
+    npu: str | None = None
+    any: str | None = None
+
+    @model_validator(mode="after")
+    def _some(self) -> HowTo:
+        if not (self.gpu or self.npu or self.any):
+            raise ValueError("how_to needs at least one of gpu, npu, any")
+        return self
+
+
+class Optimization(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    title: str
+    how_to: HowTo
+    snippet: str | None = None
+    cost: Level = Field(description="engineering effort")
+    risk: Level = Field(description="risk of changing results or stability")
+
+
+class Gain(BaseModel):
+    """What the optimization removes and how much of it (the advisor turns this into a speedup)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    removes: FieldRef = Field(description="a per-step time (µs) the optimization can remove, e.g. exposed wait")
+    step: FieldRef | None = Field(default=None, description="the step time (µs) it is part of; default: the rank's mean step")
+    fraction: tuple[float, float] = Field(description="low and high fraction of that time the fix removes (0..1)")
+    assumption: str = Field(description="the assumption behind the range, shown to the user")
+
+    @model_validator(mode="after")
+    def _range(self) -> Gain:
+        lo, hi = self.fraction
+        if not (0 <= lo <= hi <= 1):
+            raise ValueError("fraction must be [low, high] with 0 <= low <= high <= 1")
+        return self
+
+
+class Case(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=r"^C-[A-Z]+-\d{3}$", description="stable id, never reused")
+    title: str
+    status: Status
+    category: Category
+    cause: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    hardware: Literal["any", "gpu", "npu"] = "any"
+    parameters: dict[str, Parameter] = Field(default_factory=dict)
+    conditions: list[Pattern] = Field(min_length=1)
+    optimizations: list[Optimization] = Field(min_length=1)
+    gain: Gain
+    explanation: str = Field(description="jinja2 template over the bindings, e.g. {{ d.wait_us | ms }}")
+    references: list[str] = Field(min_length=1)
+    examples: Examples
+
+    @model_validator(mode="after")
+    def _refs(self) -> Case:
+        for url in self.references:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"references must be URLs: {url!r}")
+        return self

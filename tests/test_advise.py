@@ -1,0 +1,90 @@
+"""hermes advise end to end: the bundled example's top finding, gains, formats, exit codes, API."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+import hermes_kb
+from hermes_kb.advisor import severity_of
+from hermes_kb.render.report import render_markdown
+from hermes_kb.report import Report
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples/traces/cpu_dataloader_bound.json.gz"
+
+
+@pytest.fixture(scope="module")
+def report() -> Report:
+    return hermes_kb.advise(EXAMPLE)
+
+
+def test_top_finding_is_the_recorded_bottleneck(report):
+    top = report.findings[0]
+    # examples/traces/README.md: io / slow data processing (num_workers=0, heavy transform)
+    assert top.case_id == "C-IO-001" and top.category == "io" and top.cause == "slow_data_processing"
+    assert top.severity == "high" and top.ranks == [0]
+
+
+def test_gain_is_computed_from_the_trace(report):
+    top = report.findings[0]
+    facts = hermes_kb.analyze(EXAMPLE)
+    d = next(f for f in facts if f.kind == "dataloader_wait" and f.step is None)
+    # removable = processing time, step = the same window; speedup = T / (T - f R), f in [0.5, 0.95]
+    r, t = d.processing_us, d.step_us
+    assert top.time_at_stake_us == pytest.approx(r, rel=1e-6) and top.step_time_us == pytest.approx(t, rel=1e-6)
+    assert top.expected_speedup.low == pytest.approx(t / (t - 0.5 * r), rel=1e-3)
+    assert top.expected_speedup.high == pytest.approx(t / (t - 0.95 * r), rel=1e-3)
+    assert top.share_of_step_ratio == pytest.approx(r / t, abs=1e-4)
+    assert "speedup = step time / (step time - removed)" in top.assumption
+    assert any(e.fact == "dataloader_wait" and e.time_ranges_us for e in top.evidence)
+
+
+def test_severity_thresholds():
+    assert severity_of(0.10) == "high" and severity_of(0.099) == "medium"
+    assert severity_of(0.03) == "medium" and severity_of(0.029) == "low"
+
+
+def test_cli_formats_and_fail_on(tmp_path):
+    def run(*a):
+        return subprocess.run([sys.executable, "-m", "hermes_kb.cli", "advise", *a], capture_output=True, text=True)
+
+    j = run(str(EXAMPLE), "--format", "json")
+    assert j.returncode == 0
+    data = json.loads(j.stdout)
+    Report.model_validate(data)
+    assert data["findings"][0]["case_id"] == "C-IO-001"
+    md = tmp_path / "r.md"
+    assert run(str(EXAMPLE), "--format", "md", "-o", str(md)).returncode == 0
+    assert "# hermes report" in md.read_text() and "C-IO-001" in md.read_text()
+    term = run(str(EXAMPLE), "--top", "1")
+    assert term.returncode == 0 and "C-IO-001" in term.stdout and "speedup" in term.stdout
+    assert run(str(EXAMPLE), "--fail-on", "high", "--format", "json").returncode == 1
+    assert run(str(EXAMPLE), "--rank", "5", "--format", "json", "--fail-on", "low").returncode == 0
+
+
+def test_markdown_escapes_trace_text(report):
+    r = report.model_copy(deep=True)
+    r.findings[0].explanation = "kernel <script>alert(1)</script> | `x` *y*"
+    md = render_markdown(r)
+    assert "<script>" not in md and "\\<script\\>" in md and "\\|" in md
+
+
+def test_advise_is_safe_from_threads():
+    bundle = hermes_kb.load(EXAMPLE)
+    with ThreadPoolExecutor(4) as pool:
+        reports = list(pool.map(lambda _: hermes_kb.advise(bundle), range(6)))
+    keys = {tuple((f.case_id, f.expected_speedup.low) for f in r.findings) for r in reports}
+    assert len(keys) == 1
+
+
+def test_python_engine_gives_the_same_report():
+    a = hermes_kb.advise(EXAMPLE, engine="python")
+    b = hermes_kb.advise(EXAMPLE, engine="auto")
+    assert [f.case_id for f in a.findings] == [f.case_id for f in b.findings]
+    assert a.kb.engine == "python"

@@ -1,0 +1,255 @@
+"""The io analyzer: data-loader wait and its make-up, untraced host time, host-to-device copies.
+
+Hand-made traces with every expected value worked out in the comments, the bundled example
+(a processing-bound single-process DataLoader), real data-loading traces, and a run over every
+real Kineto trace in ../shared/data.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+import hermes_kb
+from analyzers import io as A
+from analyzers.steps import step_context
+from conftest import EXAMPLE, SHARED, X, kineto_traces, needs_shared, write_trace
+
+SINGLE = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+MULTI = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
+
+
+def contexts(path):
+    return [step_context(t)[0] for t in hermes_kb.load(path)]
+
+
+def facts_of(ctx, kind, step="any"):
+    fs = [f for f in A.per_rank(ctx) if f.kind == kind]
+    return fs if step == "any" else [f for f in fs if f.step == step]
+
+
+def PY(name, ts, dur, pid_, parent=None):
+    args = {"Python id": pid_}
+    if parent is not None:
+        args["Python parent id"] = parent
+    return X("python_function", name, ts, dur, args=args)
+
+
+# Two ProfilerSteps on thread 1: step 1 = [0, 1000), step 2 = [1000, 2000).
+SINGLE_TRACE = [
+    X("user_annotation", "ProfilerStep#1", 0, 1000),
+    X("user_annotation", "ProfilerStep#2", 1000, 1000),
+    X("user_annotation", SINGLE, 100, 600),  # the iterator: [100, 700)
+    PY("torch/utils/data/dataloader.py(700): __next__", 100, 600, 1),  # covers the whole iterator
+    PY("my_data.py(5): transform", 150, 400, 2, parent=1),  # [150, 550): Python processing
+    PY(
+        "<built-in method read of _io.BufferedReader object at 0x1>", 560, 100, 3, parent=1
+    ),  # [560, 660): reading
+    X("cpu_op", "aten::stack", 660, 30),  # [660, 690): a cpu op inside the iterator
+    X("cpu_op", "aten::mm", 750, 200),  # [750, 950): the model, outside the iterator
+    X("cpu_op", "aten::mm", 1100, 800),  # step 2: [1100, 1900)
+]
+
+
+def test_single_process_loader_split_into_processing_and_reading(tmp_path):
+    (ctx,) = contexts(write_trace(tmp_path / "t.json", SINGLE_TRACE))
+    (f,) = facts_of(ctx, "dataloader_wait", step=1)
+    assert f.iterator == "single_process" and f.calls_count == 1
+    assert f.wait_us == 600 and f.step_us == 1000 and f.step_share_ratio == pytest.approx(0.6)
+    # inside [100, 700): cpu op 30 µs; Python frames cover everything else (570); nothing untraced
+    assert (f.cpu_ops_us, f.python_us, f.untraced_us) == (30, 570, 0)
+    assert f.cpu_ops_ratio + f.python_ratio + f.untraced_ratio == pytest.approx(1.0)
+    assert f.python_stacks
+    # reading = self time of the read call = 100; processing = 30 (op) + 570 - 100 = 500
+    assert f.reading_us == 100 and f.processing_us == 500
+    assert f.fetching_us == 0 and f.worker_wait_us == 0 and f.unattributed_us == 0
+    assert f.data_time_us == 600 and f.data_share_ratio == pytest.approx(0.6)
+    assert f.classification == "processing" and f.classification_ratio == pytest.approx(500 / 600)
+    assert f.critical_path_us is None and f.critical_path_share_ratio is None  # no critical path computed
+    # the aggregate covers both steps: 600 µs of 2000
+    (agg,) = facts_of(ctx, "dataloader_wait", step=None)
+    assert agg.wait_us == 600 and agg.step_us == 2000 and agg.step_share_ratio == pytest.approx(0.3)
+    # top Python self time: transform 400, then __next__ itself 600-400-100 = 100 and read 100
+    assert agg.top_python[0].name == "my_data.py(5): transform" and agg.top_python[0].time_us == 400
+    assert facts_of(ctx, "dataloader_wait", step=2) == []  # no iterator in step 2
+
+
+def test_untraced_host_time_and_its_gaps(tmp_path):
+    (ctx,) = contexts(write_trace(tmp_path / "t.json", SINGLE_TRACE))
+    (f,) = facts_of(ctx, "untraced_host_time", step=1)
+    # host window [0, 1000); ops and the iterator annotation cover [100, 700) and [750, 950)
+    # gaps: [0, 100) = 100, [700, 750) = 50, [950, 1000) = 50 -> 200 µs, none under a python frame
+    assert f.window_us == 1000 and f.outside_ops_us == 200 and f.python_us == 0 and f.untraced_us == 200
+    assert f.untraced_ratio == pytest.approx(0.2) and f.gaps_count == 3
+    assert f.large_gaps_count == 0  # all below 1 ms
+    g = f.top_gaps
+    assert [(x.start_us, x.end_us) for x in g] == [(0, 100), (700, 750), (950, 1000)]
+    assert (g[0].before, g[0].after) == (None, SINGLE)
+    assert (g[1].before, g[1].after) == (SINGLE, "aten::mm")
+    assert (g[2].before, g[2].after) == ("aten::mm", None)
+    # step 2: [1000, 1100) and [1900, 2000) -> 200 µs; aggregate 400 of 2000
+    (agg,) = facts_of(ctx, "untraced_host_time", step=None)
+    assert agg.untraced_us == 400 and agg.window_us == 2000 and agg.untraced_ratio == pytest.approx(0.2)
+
+
+def test_python_work_between_ops_is_not_untraced(tmp_path):
+    ev = [
+        X("user_annotation", "ProfilerStep#1", 0, 5000),
+        X("cpu_op", "aten::add", 0, 1000),
+        PY("train.py(10): log_metrics", 1000, 3000, 1),  # Python work, no op: [1000, 4000)
+        X("cpu_op", "aten::add", 4500, 500),  # [4000, 4500) is untraced
+    ]
+    (ctx,) = contexts(write_trace(tmp_path / "t.json", ev))
+    (f,) = facts_of(ctx, "untraced_host_time", step=1)
+    assert f.outside_ops_us == 3500 and f.python_us == 3000 and f.untraced_us == 500
+    assert f.large_gaps_count == 1 and f.large_gaps_us == 3500  # one gap [1000, 4500)
+    (g,) = f.top_gaps
+    assert g.python_function == "train.py(10): log_metrics" and g.untraced_us == 500
+    assert (g.before, g.after) == ("aten::add", "aten::add")
+
+
+def _copy(ts, dur, corr, kind, bytes_, stream=7):
+    return X("gpu_memcpy", kind, ts, dur, pid=0, tid=stream,
+             args={"device": 0, "stream": stream, "correlation": corr, "bytes": bytes_})  # fmt: skip
+
+
+# Step 5 = [0, 1000): a multi-process iterator [0, 400) with one op inside, then a pageable copy.
+# Step 6 = [1000, 2000): a pinned copy.
+MULTI_TRACE = [
+    X("user_annotation", "ProfilerStep#5", 0, 1000),
+    X("user_annotation", "ProfilerStep#6", 1000, 1000),
+    X("user_annotation", MULTI, 0, 400),
+    X("cpu_op", "aten::set_", 350, 10),
+    X("cpu_op", "aten::to", 435, 235, args={"External id": 3}),
+    X("cpu_op", "aten::copy_", 440, 220, args={"External id": 4}),
+    X("cuda_runtime", "cudaMemcpyAsync", 450, 200, args={"External id": 4, "correlation": 11}),
+    _copy(500, 100, 11, "Memcpy HtoD (Pageable -> Device)", 1_000_000),
+    X("cpu_op", "aten::to", 1090, 30, args={"External id": 5}),
+    X("cuda_runtime", "cudaMemcpyAsync", 1100, 10, args={"External id": 5, "correlation": 12}),
+    _copy(1120, 20, 12, "Memcpy HtoD (Pinned -> Device)", 2_000_000, stream=8),
+]
+
+
+def test_multi_process_loader_waits_for_workers_and_fetching(tmp_path):
+    (ctx,) = contexts(write_trace(tmp_path / "t.json", MULTI_TRACE))
+    (f,) = facts_of(ctx, "dataloader_wait", step=5)
+    assert f.iterator == "multi_process" and not f.python_stacks
+    # [0, 400): 10 µs in aten::set_, 390 untraced -> waiting for the workers
+    assert (f.cpu_ops_us, f.python_us, f.untraced_us) == (10, 0, 390)
+    assert f.worker_wait_us == 390 and f.processing_us == 10 and f.unattributed_us == 0
+    # fetching = host time of the HtoD copy call in the step (200); its device time is 100
+    assert f.fetching_us == 200 and f.h2d_device_us == 100
+    assert f.data_time_us == 600 and f.classification == "worker_wait"
+    assert f.classification_ratio == pytest.approx(390 / 600)
+
+
+def test_critical_path_share_counts_host_segments_only(tmp_path):
+    (ctx,) = contexts(write_trace(tmp_path / "t.json", MULTI_TRACE))
+    # the device ran a kernel during [0, 300) of the iterator: that part is not the loader's
+    ctx.shared["critical_path"] = {5: pd.DataFrame({
+        "start_us": [0.0, 300.0, 400.0], "end_us": [300.0, 400.0, 1000.0],
+        "category": ["kernel", "host_gap", "cpu_op"], "name": ["k", MULTI, "aten::to"]})}  # fmt: skip
+    (f,) = facts_of(ctx, "dataloader_wait", step=5)
+    # path 1000 µs; host segments inside the iterator [0, 400): [300, 400) = 100
+    assert f.critical_path_us == 1000 and f.critical_path_loader_us == 100
+    assert f.critical_path_share_ratio == pytest.approx(0.1)
+
+
+def test_h2d_copies_pageable_and_pinned(tmp_path):
+    (ctx,) = contexts(write_trace(tmp_path / "t.json", MULTI_TRACE))
+    got = {f.src: f for f in facts_of(ctx, "h2d_copies")}
+    assert set(got) == {"pageable", "pinned"}
+    pg, pn = got["pageable"], got["pinned"]
+    assert pg.pageable and not pn.pageable
+    assert (pg.copies_count, pg.copied_bytes, pg.device_us, pg.host_us) == (1, 1_000_000, 100, 200)
+    assert pg.bandwidth_gbps == pytest.approx(10.0)  # 1e6 bytes / 100 µs = 1e4 B/µs = 10 GB/s
+    assert pn.bandwidth_gbps == pytest.approx(100.0)  # 2e6 / 20 µs
+    assert pg.share_of_h2d_bytes_ratio == pytest.approx(
+        1 / 3
+    ) and pn.share_of_h2d_bytes_ratio == pytest.approx(2 / 3)
+
+
+def test_single_process_without_stacks_is_undetermined(tmp_path):
+    ev = [
+        X("user_annotation", "ProfilerStep#1", 0, 1000),
+        X("user_annotation", SINGLE, 0, 800),
+        X("cpu_op", "aten::stack", 700, 100),
+    ]
+    (ctx,) = contexts(write_trace(tmp_path / "t.json", ev))
+    (f,) = facts_of(ctx, "dataloader_wait", step=1)
+    # 700 µs untraced inside a num_workers=0 iterator: I/O or untraced Python, the trace cannot tell
+    assert f.unattributed_us == 700 and f.processing_us == 100
+    assert f.classification == "undetermined" and f.classification_ratio == pytest.approx(0.875)
+
+
+def test_per_step_facts_are_capped(tmp_path):
+    ev = []
+    for i in range(12):
+        ev.append(X("user_annotation", f"ProfilerStep#{i}", i * 100, 100))
+        ev.append(X("user_annotation", SINGLE, i * 100, 10 + i))
+        ev.append(X("cpu_op", "aten::mm", i * 100 + 50, 40))
+    (ctx,) = contexts(write_trace(tmp_path / "t.json", ev))
+    steps = [f.step for f in facts_of(ctx, "dataloader_wait")]
+    # 12 steps (the last is not partial: same length), per-step facts for the 8 longest waits + aggregate
+    assert len(steps) == A.MAX_STEP_FACTS + 1 and steps[-1] is None
+    assert sorted(steps[:-1]) == list(range(4, 12))
+
+
+def test_bundled_example_is_processing_bound():
+    (ctx,) = contexts(EXAMPLE)
+    per_step = facts_of(ctx, "dataloader_wait")
+    agg = per_step.pop()
+    assert agg.step is None and len(per_step) == 5
+    # README: ~91.9% of each step inside the single-process __next__, a heavy numpy transform
+    assert agg.iterator == "single_process" and agg.classification == "processing"
+    assert 0.85 < agg.step_share_ratio < 0.95
+    assert agg.classification_ratio > 0.95 and agg.python_stacks
+    assert all(f.classification == "processing" and f.step_share_ratio > 0.85 for f in per_step)
+    assert "_transform" in agg.top_python[0].name
+    assert facts_of(ctx, "h2d_copies") == []  # CPU only
+
+
+@needs_shared()
+def test_resnet_multiprocess_loader_and_pageable_copies():
+    (ctx,) = contexts(SHARED / "param" / "resnet_kineto.json.gz")
+    (agg,) = facts_of(ctx, "dataloader_wait", step=None)
+    # README: enumerate(DataLoader) 8.2 s of a 16.2 s trace, multiprocess DataLoader
+    assert agg.iterator == "multi_process" and agg.calls_count == 30
+    assert agg.wait_us == pytest.approx(8.2e6, rel=0.01)
+    assert agg.classification == "worker_wait" and agg.step_share_ratio > 0.5
+    (pg,) = facts_of(ctx, "h2d_copies")
+    assert pg.src == "pageable" and pg.host_us > pg.device_us
+
+
+@needs_shared()
+def test_owlv2_single_process_loader():
+    (ctx,) = contexts(SHARED / "tracelens" / "h100__google_owlv2-large-patch14-ensemble__1016001.json.gz")
+    (agg,) = facts_of(ctx, "dataloader_wait", step=None)
+    # README: single-process DataLoader 619 ms of a 1211 ms step
+    assert agg.wait_us == pytest.approx(619e3, rel=0.01) and agg.step_share_ratio == pytest.approx(
+        0.51, abs=0.01
+    )
+    assert agg.classification == "processing"
+    assert agg.top_python[0].name == "<built-in function zoom_shift>"  # scipy resize in the image processor
+
+
+@pytest.mark.parametrize("path", kineto_traces(), ids=lambda p: str(p.relative_to(SHARED)))
+def test_every_real_trace(path):
+    for ctx in contexts(path):
+        for f in A.per_rank(ctx):
+            type(f).model_validate(f.model_dump())  # ratios within 0..1, types hold
+            assert f.rank == ctx.rank
+            if f.kind == "dataloader_wait":
+                assert f.cpu_ops_us + f.python_us + f.untraced_us == pytest.approx(f.wait_us, abs=1e-3)
+                parts = f.processing_us + f.reading_us + f.fetching_us + f.worker_wait_us + f.unattributed_us
+                assert parts == pytest.approx(f.data_time_us, abs=1e-3)
+                assert f.wait_us <= f.step_us + 1e-6
+                assert f.processing_us >= 0 and f.reading_us >= 0 and f.worker_wait_us >= 0
+            elif f.kind == "untraced_host_time":
+                assert f.python_us + f.untraced_us == pytest.approx(f.outside_ops_us, abs=1e-3)
+                assert f.outside_ops_us <= f.window_us + 1e-6
+                assert len(f.top_gaps) <= 3 and f.large_gaps_us <= f.outside_ops_us + 1e-6
+            elif f.kind == "h2d_copies":
+                assert f.copies_count > 0 and f.copied_bytes >= 0
+        n_step = sum(1 for f in A.per_rank(ctx) if f.step is not None)
+        assert n_step <= 2 * A.MAX_STEP_FACTS

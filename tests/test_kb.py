@@ -1,0 +1,171 @@
+"""The knowledge base: loading and checking, both engines agreeing on every example, probes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hermes_kb.kb.conditions import Expr, Leaf, compare, evaluate, normalize, sanitize_number
+from hermes_kb.kb.engine import durable_available, infer, prepare, python_matches
+from hermes_kb.kb.loader import KbError, load_kb
+from hermes_kb.kb.testing import run_examples
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_shipped_kb_loads_and_every_example_passes_on_both_engines():
+    kb = load_kb()
+    assert len(kb.rules) >= 8 and len(kb.cases) >= 1
+    report = run_examples(kb)
+    assert report.results, "no examples ran"
+    engines = set(report.results[0].fired)
+    assert engines == ({"python", "durable"} if durable_available() else {"python"})
+    bad = [(r.item_id, r.name, r.fired, r.agree) for r in report.failures]
+    assert not bad
+    # every rule and case contributed its examples, and thresholds were probed
+    assert {r.item_id for r in report.results} == {e.item.id for e in (*kb.rules, *kb.cases)}
+    assert any(r.name.startswith("probe:") for r in report.results)
+
+
+@pytest.mark.skipif(not durable_available(), reason="durable-rules not importable here")
+def test_durable_and_python_agree_on_real_facts():
+    from hermes_kb.analysis import analyze
+
+    kb = load_kb()
+    facts = analyze(ROOT / "examples/traces/cpu_dataloader_bound.json.gz")
+    a = infer(kb, facts, "python")
+    b = infer(kb, facts, "durable")
+    assert [m.key() for m in a.bottlenecks] == [m.key() for m in b.bottlenecks]
+    assert [m.key() for m in a.cases] == [m.key() for m in b.cases]
+    assert a.cases, "the example's data-loader case must fire"
+
+
+def _write(tmp: Path, rel: str, text: str) -> Path:
+    p = tmp / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+RULE = """\
+id: R-TST-001
+title: t
+status: experimental
+description: d
+parameters:
+  th: {default: 0.5, description: x}
+when:
+  - fact: dataloader_wait
+    as: d
+    where:
+      - {field: data_share_ratio, op: ">=", param: th}
+emit:
+  category: io
+  component: data_loader
+  share: {binding: d, field: data_share_ratio}
+examples:
+  fire: [{facts: [{kind: dataloader_wait, rank: 0, data_share_ratio: 0.9}]}]
+  no_fire: [{facts: [{kind: dataloader_wait, rank: 0, data_share_ratio: 0.1}]}]
+"""
+
+
+def test_errors_name_file_line_column_and_key(tmp_path):
+    bad = RULE.replace("data_share_ratio, op", "no_such_field, op").replace('op: ">="', 'op: "~="', 0)
+    _write(tmp_path, "rules/a.yaml", bad)
+    _write(tmp_path, "rules/b.yaml", RULE.replace("fact: dataloader_wait", "fact: not_a_fact").replace("R-TST-001", "R-TST-002"))
+    _write(tmp_path, "rules/c.yaml", RULE.replace("title: t", "title: [unclosed").replace("R-TST-001", "R-TST-003"))
+    _write(tmp_path, "rules/d.yaml", RULE)  # duplicate id of a.yaml? a.yaml fails first; d is R-TST-001 valid
+    (tmp_path / "cases").mkdir()
+    with pytest.raises(KbError) as info:
+        load_kb(tmp_path / "rules", tmp_path / "cases")
+    problems = info.value.problems
+    text = "\n".join(problems)
+    assert any("a.yaml:11:" in p and "no field 'no_such_field'" in p for p in problems), text
+    assert any("b.yaml:8:5: when.0.fact: unknown fact kind 'not_a_fact'" in p for p in problems), text
+    assert any("c.yaml:3:7:" in p and "invalid YAML" in p for p in problems), text
+    assert any("d.yaml:1:1: id: duplicate id 'R-TST-001'" in p for p in problems), text
+
+
+def test_undeclared_parameter(tmp_path):
+    _write(tmp_path, "rules/e.yaml", RULE.replace('op: ">=", param: th', 'op: ">=", param: nope'))
+    (tmp_path / "cases").mkdir()
+    with pytest.raises(KbError) as info:
+        load_kb(tmp_path / "rules", tmp_path / "cases")
+    assert any("e.yaml:11:" in p and "parameter 'nope' is not declared" in p for p in info.value.problems)
+
+
+def test_schema_error_points_at_the_key(tmp_path):
+    _write(tmp_path, "rules/a.yaml", RULE.replace('op: ">="', 'op: "=>"'))
+    (tmp_path / "cases").mkdir()
+    with pytest.raises(KbError) as info:
+        load_kb(tmp_path / "rules", tmp_path / "cases")
+    p = info.value.problems[0]
+    assert p.startswith(f"{tmp_path / 'rules/a.yaml'}:11:") and "op" in p
+
+
+def test_yaml_is_loaded_safely(tmp_path):
+    _write(tmp_path, "rules/a.yaml", "!!python/object/apply:os.system ['echo pwned']\n")
+    (tmp_path / "cases").mkdir()
+    with pytest.raises(KbError) as info:
+        load_kb(tmp_path / "rules", tmp_path / "cases")
+    assert "invalid YAML" in info.value.problems[0]
+
+
+def test_duplicate_ids_are_an_error(tmp_path):
+    _write(tmp_path, "rules/a.yaml", RULE)
+    _write(tmp_path, "rules/b.yaml", RULE)
+    (tmp_path / "cases").mkdir()
+    with pytest.raises(KbError) as info:
+        load_kb(tmp_path / "rules", tmp_path / "cases")
+    assert any("duplicate id 'R-TST-001'" in p and "b.yaml:1:" in p for p in info.value.problems)
+
+
+def test_overrides_change_thresholds(tmp_path):
+    _write(tmp_path, "rules/a.yaml", RULE)
+    (tmp_path / "cases").mkdir()
+    facts = [{"kind": "dataloader_wait", "rank": 0, "data_share_ratio": 0.3}]
+    kb = load_kb(tmp_path / "rules", tmp_path / "cases")
+    assert not python_matches(kb.rules, prepare(facts), kb, "when")
+    kb2 = load_kb(tmp_path / "rules", tmp_path / "cases", overrides={"R-TST-001": {"th": 0.2}})
+    assert len(python_matches(kb2.rules, prepare(facts), kb2, "when")) == 1
+
+
+def test_condition_semantics():
+    # missing fields compare false, and not() is pushed to the leaves (so it stays false)
+    e = normalize(Expr.model_validate({"not": {"field": "x", "op": ">", "value": 3}}))
+    assert evaluate(e, {"x": 2}, {}, {}) is True
+    assert evaluate(e, {}, {}, {}) is False
+    assert compare("ncclKernel_AllReduce", "matches", "nccl.*") and not compare("xnccl", "matches", "nccl")
+    assert compare(3, "in", [1, 3]) and compare(None, "missing", None) and not compare(0, "missing", None)
+    any_ = normalize(Expr.model_validate({"any": [{"field": "a", "op": "==", "value": 1}, {"field": "b", "op": "exists"}]}))
+    assert evaluate(any_, {"b": 0}, {}, {}) and not evaluate(any_, {"a": 2}, {}, {})
+    with pytest.raises(ValueError):
+        Leaf(field="x", op=">", value=1, param="p")
+
+
+def test_numbers_are_sanitised_for_the_engine():
+    assert sanitize_number(float("nan")) is None and sanitize_number(float("inf")) is None
+    assert sanitize_number(1e-5) == 0.0 and sanitize_number(2.5e16) == 25_000_000_000_000_000
+    assert isinstance(sanitize_number(2.5e16), int) and sanitize_number(0.25) == 0.25
+    assert sanitize_number(2**70) == 2**63 - 1
+
+
+def test_kb_cli_commands():
+    run = lambda *a: subprocess.run([sys.executable, "-m", "hermes_kb.cli", "kb", *a], capture_output=True, text=True)  # noqa: E731
+    v = run("validate")
+    assert v.returncode == 0 and v.stdout.startswith("ok:")
+    t = run("test")
+    assert t.returncode == 0 and " passed, 0 failed" in t.stdout
+    lst = json.loads(run("list", "--format", "json").stdout)
+    assert any(r["id"] == "C-IO-001" for r in lst)
+    show = run("show", "C-IO-001")
+    assert "slow_data_processing" in show.stdout
+    ex = run("explain", "C-IO-001", str(ROOT / "examples/traces/cpu_dataloader_bound.json.gz"))
+    assert ex.returncode == 0 and "C-IO-001 FIRES" in ex.stdout and "iterator == 'single_process': 6/6 pass" in ex.stdout
+    missing = run("show", "C-NOPE-999")
+    assert missing.returncode != 0 and "no rule or case" in missing.stderr
