@@ -30,11 +30,11 @@ from hermes_kb.facts.compute import (
     FusionCandidates,
     FusionSequence,
     KernelClassShare,
+    ModelFlopsUtilization,
     OperatorRoofline,
     RooflineSummary,
     ShortKernels,
     TensorCoreUsage,
-    ModelFlopsUtilization,
 )
 
 from . import intervals as iv
@@ -264,7 +264,7 @@ def is_fp32_kernel(name: str) -> bool:
 # --- CPU operator classes (CPU-only traces) ---------------------------------------------------
 _CPU_GEMM = re.compile(r"^aten::(mm|addmm|_addmm_activation|bmm|baddbmm|addbmm|matmul|linear|_scaled_mm|mv|addmv|"
                        r"dot|vdot|einsum|mkldnn_linear|_mkldnn_linear)$|gemm")  # fmt: skip
-_CPU_CONV = re.compile(r"^aten::\w*conv")
+_CPU_CONV = re.compile(r"^aten::\w*conv(?!ert)")
 _CPU_ATTN = re.compile(r"scaled_dot_product|flash_attention|efficient_attention|_attention")
 _CPU_NORM = re.compile(r"^aten::(native_)?(layer|batch|group|instance|rms)_norm|^aten::_batch_norm|batch_norm")
 _CPU_COMM = re.compile(r"^(c10d|nccl|gloo|record_param_comms)|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|"
@@ -720,10 +720,12 @@ def _text(cats, code: int) -> str:
 
 
 def _op_costs(ops: pd.DataFrame, rows: np.ndarray) -> tuple[pd.DataFrame, np.ndarray, pd.DataFrame, np.ndarray]:
-    """Costs per distinct (operator, shape, dtype) group, and the group of each row (-1: not countable).
+    """(groups, group of each row or -1 when not countable, cost per distinct key, key of each row).
 
-    Shapes are parsed once per distinct (name, input_dims, input_types[, concrete_inputs]) value."""
-    cols = ["name", "input_dims", "input_types"] + (["concrete_inputs"] if "concrete_inputs" in ops.columns else [])
+    Shapes are parsed once per distinct (name, input_dims, input_types[, concrete_inputs]) value;
+    keys that give the same operator + shape + dtype form one group."""
+    conc = "concrete_inputs" in ops.columns and isinstance(ops["concrete_inputs"].dtype, pd.CategoricalDtype)
+    cols = ["name", "input_dims", "input_types"] + (["concrete_inputs"] if conc else [])
     codes = [ops[c].cat.codes.to_numpy()[rows].astype(np.int64) for c in cols]
     key = np.stack(codes, axis=1)
     uk, inv = np.unique(key, axis=0, return_inverse=True)
@@ -736,9 +738,9 @@ def _op_costs(ops: pd.DataFrame, rows: np.ndarray) -> tuple[pd.DataFrame, np.nda
         if c is None:
             recs.append((texts[0], "", "", "", 0.0, 0.0, True, False))
         else:
-            recs.append((texts[0], shape_signature(texts[1]), c.dtype, c.category, c.flops, c.bytes, c.exact, True))
+            sig = shape_signature(texts[1], texts[2])
+            recs.append((texts[0], sig, c.dtype, c.category, c.flops, c.bytes, c.exact, True))
     u = pd.DataFrame(recs, columns=["op", "shape", "dtype", "category", "flops", "bytes", "exact", "ok"])
-    # distinct keys that give the same operator + shape + dtype form one group
     gid, groups = pd.factorize(pd.MultiIndex.from_frame(u[["op", "shape", "dtype", "category"]]))
     g = groups.to_frame(index=False)
     g.columns = ["op", "shape", "dtype", "category"]

@@ -248,6 +248,28 @@ def _busy(ctx: RankContext, host: iv.Intervals, device: iv.Intervals | None, tid
 # ---------------------------------------------------------------- synchronisation
 
 
+def _enclosing_op(ops: pd.DataFrame, tid: np.ndarray, ts: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Row of the innermost cpu op on thread ``tid`` spanning [ts, end] (-1 when none)."""
+    out = np.full(len(ts), -1, dtype=np.int64)
+    otid, ots, oend, parent = (ops[c].to_numpy() for c in ("tid", "ts", "end", "parent"))
+    for t in np.unique(tid):  # a handful of threads
+        rows = np.flatnonzero(otid == t)
+        if not len(rows):
+            continue
+        rows = rows[np.argsort(ots[rows], kind="stable")]
+        sel = np.flatnonzero(tid == t)
+        i = np.searchsorted(ots[rows], ts[sel], side="right") - 1
+        cur = np.where(i >= 0, rows[np.clip(i, 0, None)], -1)
+        # the last op starting before the call may have ended already: climb to an enclosing one
+        for _ in range(int(ops["depth"].max()) + 2):
+            bad = (cur >= 0) & (oend[np.clip(cur, 0, None)] < end[sel])
+            if not bad.any():
+                break
+            cur[bad] = parent[cur[bad]]
+        out[sel] = cur
+    return out
+
+
 def _sync_sources(ctx: RankContext, calls: np.ndarray) -> list[SyncSource]:
     """Ops behind the given runtime rows: walk from the call's External id to its cpu op, then
     up the op tree; the outermost op of SYNC_OPS names the cause."""
@@ -266,7 +288,19 @@ def _sync_sources(ctx: RankContext, calls: np.ndarray) -> list[SyncSource]:
         # the innermost op with that id (a deeper op starts later)
         emap = pd.Series(has, index=eid[has])
         emap = emap[~emap.index.duplicated(keep="last")]
-        row = pd.Series(rt["ext_id"].to_numpy()[calls]).map(emap).fillna(-1).to_numpy(dtype=np.int64)
+        row = (
+            pd.Series(rt["ext_id"].to_numpy()[calls]).map(emap).fillna(-1).to_numpy(dtype=np.int64, copy=True)
+        )
+        # traces whose runtime External id is not the op's (older Kineto): the innermost op of the
+        # same thread that encloses the call in time
+        c_tid, c_ts, c_end = (rt[c].to_numpy()[calls] for c in ("tid", "ts", "end"))
+        r = np.clip(row, 0, None)
+        encloses = (ops["tid"].to_numpy()[r] == c_tid) & (ops["ts"].to_numpy()[r] <= c_ts + 1e-3)
+        encloses &= ops["end"].to_numpy()[r] >= c_end - 1e-3
+        row[~encloses] = -1
+        lost = np.flatnonzero(row < 0)
+        if len(lost):
+            row[lost] = _enclosing_op(ops, c_tid[lost], c_ts[lost], c_end[lost])
         found = row >= 0
         if found.any():
             parent = ops["parent"].to_numpy()

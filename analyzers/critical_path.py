@@ -8,26 +8,28 @@ One dependency graph per rank, built with vectorised joins:
   outermost), and the gaps between them (untraced host time, split where user annotations start
   or end and named after the innermost one). Edge: thread order.
 * device nodes: kernels and memcpy/memset. Edges: stream order; launch -> activity
-  (``trace.links``); cross-stream event waits (``Stream Wait Event`` cuda_sync rows).
+  (``trace.links``); cross-stream event waits (``Stream Wait Event`` cuda_sync rows; without
+  them, an activity that starts right after one on another stream of its device ended).
 * sync edges: a synchronising call (runtime kind ``sync``, or a call with a ``Stream Sync`` /
   ``Context Sync`` / ``Event Sync`` cuda_sync row) depends on the latest device activity that
   ended before the call ended on the waited stream(s) (for an event sync: the last activity
   enqueued on the recorded stream before the event was recorded). A blocking memcpy/memset call
-  is split where its copy starts; the tail depends on the copy.
+  is split in a launch part and a waiting part; the waiting part depends on its copy.
 * join edges: a host gap depends on a CPU op of another thread that ended inside the gap, close
   to its end (an untraced wake-up: autograd engine fork/join, data hand-off).
 
 Every node's predecessor is the candidate that finished last (the one that released it), picked
-for all nodes at once; per step, a tight loop follows the predecessor indexes backwards from the
-step's last-ending event (on the main thread or launched in the step) until it leaves the window.
-The path's segments tile time: a node is on the path from the moment its releaser finished (or
-its own start) until it released the next node; a device activity that starts after its releaser
-finished adds a ``device_idle`` gap.
+for all nodes at once; per step, the predecessor chain is followed backwards (pointer doubling)
+from the step's last-ending event (on the main thread, or device work launched in the step)
+until it leaves the window. The path's segments tile time: a node is on the path from the moment
+its releaser finished (or its own start) until it released the next node; a device activity that
+starts after its releaser finished adds a ``device_idle`` piece, a host node a ``host_gap`` one.
 
 Hands on ``ctx.shared["critical_path"][step]``: a DataFrame of the path's segments in time
-order, columns ``start_us, end_us`` (float), ``category`` (one of ``CATEGORIES``), ``name``
-(the op / runtime call / kernel / annotation name, "" for device idle), ``op`` (the enclosing
-top-level CPU op for host segments, the launching op for device segments, "" when none).
+order, columns ``start_us, end_us`` (float µs), ``category`` (categorical, one of
+``CATEGORIES``), ``name`` (categorical: the op / runtime call / kernel / annotation name, ""
+for device idle), ``op`` (categorical: the enclosing top-level CPU op of a host segment, the
+launching op of a device segment, "" when none).
 """
 
 from __future__ import annotations
@@ -42,7 +44,9 @@ from hermes_kb.facts.critical_path import CriticalPath, CriticalPathOp, Critical
 
 from .context import RankContext
 
-CATEGORIES = ("cpu_op", "host_gap", "launch", "runtime", "sync_wait", "kernel", "communication", "memcpy", "device_idle")
+CATEGORIES = (
+    "cpu_op", "host_gap", "launch", "runtime", "sync_wait", "kernel", "communication", "memcpy", "device_idle"
+)
 CPU_OP, HOST_GAP, LAUNCH, RUNTIME, SYNC_WAIT, KERNEL, COMM, MEMCPY, DEVICE_IDLE = range(len(CATEGORIES))
 HOST_CATS = [CPU_OP, HOST_GAP, LAUNCH, RUNTIME]
 DEVICE_CATS = [KERNEL, COMM, MEMCPY]
@@ -52,6 +56,9 @@ UNTRACED = "(untraced host time)"
 # the gap's end (µs), or this share of the gap, whichever is larger
 JOIN_TOL_US = 1000.0
 JOIN_TOL_SHARE = 0.05
+# without Stream Wait Event records, a device activity that starts at most this long (µs) after an
+# activity on another stream of its device ended is taken to have waited for it (event wait)
+DEVICE_JOIN_TOL_US = 50.0
 
 # runtime kind -> category; nested calls take the strongest member (sync > launch > runtime)
 _RT_CAT = {"sync": SYNC_WAIT, "launch": LAUNCH, "graph_launch": LAUNCH, "memcpy": LAUNCH, "memset": LAUNCH}
@@ -124,12 +131,13 @@ class _Names:
 
 def _group_nested(code: np.ndarray, ts: np.ndarray, end: np.ndarray, key: _Keyer):
     """Merge intervals that nest or overlap within a lane. Returns (row -> group, group's first
-    row, group start, group end, group lane code); groups come out sorted by (lane, start)."""
+    row (the outermost unless two start together), group start, group end, group lane code);
+    groups come out sorted by (lane, start)."""
     n = len(code)
     if not n:
         z = np.zeros(0, dtype=np.int64)
         return z, z, np.zeros(0), np.zeros(0), z
-    order = np.lexsort((-end, ts, code))
+    order = np.argsort(key(code, ts), kind="stable")  # rows are nearly sorted already
     c, s, e = code[order], ts[order], end[order]
     ek = np.maximum.accumulate(key(c, e))  # running max end; lanes never mix (keys are lane-offset)
     new = np.ones(n, dtype=bool)
@@ -141,15 +149,6 @@ def _group_nested(code: np.ndarray, ts: np.ndarray, end: np.ndarray, key: _Keyer
     row_group = np.empty(n, dtype=np.int64)
     row_group[order] = gid
     return row_group, order[first], s[first], g_end, c[first]
-
-
-def _cover(starts_k: np.ndarray, ends_k: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """Index of the (disjoint, sorted) interval containing each query key, -1 when none."""
-    if not len(starts_k):
-        return np.full(len(q), -1, dtype=np.int64)
-    i = np.searchsorted(starts_k, q, side="right") - 1
-    ok = (i >= 0) & (q < ends_k[np.clip(i, 0, None)])
-    return np.where(ok, i, -1)
 
 
 def _innermost(starts_k: np.ndarray, ends_k: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -201,7 +200,7 @@ def _last_le(sorted_key: np.ndarray, q: np.ndarray) -> np.ndarray:
 def build_graph(ctx: RankContext) -> Graph:
     tr = ctx.trace
     rt, kn, mc, links, coll = tr.runtime, tr.kernels, tr.memcpy, tr.links, tr.collectives
-    edges = {"thread": 0, "stream": 0, "launch": 0, "sync": 0, "event_wait": 0, "join": 0}
+    edges = {"thread": 0, "stream": 0, "launch": 0, "sync": 0, "event_wait": 0, "device_join": 0, "join": 0}
     names = _Names()
     cpu = tr.cpu_ops
     top = cpu["depth"].to_numpy() == 0 if len(cpu) else np.zeros(0, dtype=bool)
@@ -270,19 +269,36 @@ def build_graph(ctx: RankContext) -> Graph:
     d_start = np.concatenate([kn["ts"].to_numpy(np.float64), mc["ts"].to_numpy(np.float64)])
     d_end = np.concatenate([kn["end"].to_numpy(np.float64), mc["end"].to_numpy(np.float64)])
     nD = nK + nM
+    d_dev = np.concatenate([kn["device"].to_numpy(np.int64), mc["device"].to_numpy(np.int64)])
+    d_stream = np.concatenate([kn["stream"].to_numpy(np.int64), mc["stream"].to_numpy(np.int64)])
+    d_stream_key = d_dev * (1 << 33) + d_stream
+    stream_ids, d_scode = np.unique(d_stream_key, return_inverse=True)
+    d_order = np.lexsort((d_end, d_start, d_scode))
+    stream_prev = np.full(nD, -1, dtype=np.int64)
+    if nD > 1:
+        same = d_scode[d_order[1:]] == d_scode[d_order[:-1]]
+        stream_prev[d_order[1:][same]] = d_order[:-1][same]
+    edges["stream"] = int((stream_prev >= 0).sum())
     l_dev = l_grp = np.zeros(0, dtype=np.int64)
     if len(links) and nR and nD:
         lk = links[links["gpu_kind"].isin(("kernel", "memcpy"))]
         l_rt = lk["runtime_idx"].to_numpy(np.int64)
         l_dev = lk["gpu_idx"].to_numpy(np.int64) + np.where((lk["gpu_kind"] == "memcpy").to_numpy(), nK, 0)
         l_grp = r_grp[l_rt]
-        blk = (rt_blocking[l_rt] & (d_end[l_dev] <= r_ge[l_grp]) & (d_start[l_dev] >= r_gs[l_grp])
+        blk = (rt_blocking[l_rt] & (d_end[l_dev] <= r_ge[l_grp]) & (d_start[l_dev] > r_gs[l_grp])
                & (d_start[l_dev] < r_ge[l_grp]))  # fmt: skip
     else:
         blk = np.zeros(0, dtype=bool)
+    # The call enqueues its copy, then blocks. Split it where the copy could have started: when the
+    # activity before it on its stream ended (if that was during the call: the stream, not the
+    # call, held the copy back), else where the copy started (the call's own set-up held it back).
     split_t = np.full(nR, np.inf)
     if blk.any():
-        np.minimum.at(split_t, l_grp[blk], d_start[l_dev[blk]])
+        bd, bg = l_dev[blk], l_grp[blk]
+        sp = stream_prev[bd]
+        ready = np.where(sp >= 0, d_end[np.clip(sp, 0, None)], -np.inf)
+        at = np.where(ready > r_gs[bg], np.minimum(ready, d_start[bd]), d_start[bd])
+        np.minimum.at(split_t, bg, at)
     blk_dev, blk_grp = l_dev[blk], l_grp[blk]
     has_split = np.isfinite(split_t)
     split_k = np.where(has_split, key(r_gc, np.where(has_split, split_t, 0.0)), np.inf)
@@ -295,19 +311,32 @@ def build_graph(ctx: RankContext) -> Graph:
     a_name = names.add(ann["name"])[am][ao] if len(ao) else np.zeros(0, dtype=np.int64)
 
     # ---- elementary pieces of each thread's timeline, merged into segments ----------------------
+    n_sp = int(has_split.sum())
     p_code = np.concatenate([o_gc, o_gc, r_gc, r_gc, r_gc[has_split], a_code, a_code])
     p_t = np.concatenate([o_gs, o_ge, r_gs, r_ge, split_t[has_split], a_s, a_e])
+    # +1 / -1 where a top-level op group (o_*) or runtime group (r_*) opens / closes, and the group
+    # index at its opening: after sorting, a running sum says whether a group is open and a running
+    # max which one (groups are disjoint per thread and numbered in key order)
+    z_sp, z_a = np.zeros(n_sp, np.int64), np.zeros(2 * len(a_s), np.int64)
+    o_d = np.concatenate([np.ones(nO, np.int64), -np.ones(nO, np.int64), np.zeros(2 * nR, np.int64), z_sp, z_a])
+    r_d = np.concatenate([np.zeros(2 * nO, np.int64), np.ones(nR, np.int64), -np.ones(nR, np.int64), z_sp, z_a])
+    m1 = -np.ones(2 * nO + 2 * nR + n_sp + 2 * len(a_s), np.int64)
+    o_id, r_id = m1.copy(), m1.copy()
+    o_id[:nO] = np.arange(nO)
+    r_id[2 * nO : 2 * nO + nR] = np.arange(nR)
     pk = key(p_code, p_t)
     order = np.argsort(pk, kind="stable")
     pk, p_code, p_t = pk[order], p_code[order], p_t[order]
-    keep = np.ones(len(pk), dtype=bool)
-    keep[1:] = pk[1:] != pk[:-1]
+    o_open, r_open = np.cumsum(o_d[order]), np.cumsum(r_d[order])
+    o_last, r_last = np.maximum.accumulate(o_id[order]), np.maximum.accumulate(r_id[order])
+    keep = np.ones(len(pk), dtype=bool)  # the last point of each distinct key (counts include all)
+    keep[:-1] = pk[:-1] != pk[1:]
     pk, p_code, p_t = pk[keep], p_code[keep], p_t[keep]
     valid = p_code[1:] == p_code[:-1]
     e_s, e_e, e_code = p_t[:-1][valid], p_t[1:][valid], p_code[:-1][valid]
     mid = (pk[:-1][valid] + pk[1:][valid]) / 2.0
-    ri = _cover(key(r_gc, r_gs), key(r_gc, r_ge), mid)
-    oi = _cover(key(o_gc, o_gs), key(o_gc, o_ge), mid)
+    ri = np.where(r_open[keep][:-1][valid] > 0, r_last[keep][:-1][valid], -1)
+    oi = np.where(o_open[keep][:-1][valid] > 0, o_last[keep][:-1][valid], -1)
     part = np.zeros(len(mid), dtype=bool)
     if nR:
         part = (ri >= 0) & (mid > split_k[np.clip(ri, 0, None)])
@@ -355,8 +384,6 @@ def build_graph(ctx: RankContext) -> Graph:
         return np.where((i >= 0) & (s_code[np.clip(i, 0, None)] == r_gc[gidx]), i, -1)
 
     # ---- device nodes ---------------------------------------------------------------------------
-    d_dev = np.concatenate([kn["device"].to_numpy(np.int64), mc["device"].to_numpy(np.int64)])
-    d_stream = np.concatenate([kn["stream"].to_numpy(np.int64), mc["stream"].to_numpy(np.int64)])
     d_corr = np.concatenate([kn["correlation"].to_numpy(np.int64), mc["correlation"].to_numpy(np.int64)])
     d_name = np.concatenate([names.add(kn["name"]), names.add(mc["name"])])
     d_cat = np.concatenate([np.full(nK, KERNEL, dtype=np.int8), np.full(nM, MEMCPY, dtype=np.int8)])
@@ -366,11 +393,10 @@ def build_graph(ctx: RankContext) -> Graph:
             ki = coll["kernel_idx"].to_numpy(np.int64)
             comm[ki[(ki >= 0) & (ki < nK)]] = True
         kc = kn["name"].astype("category")
-        nccl = np.append(kc.cat.categories.astype(str).str.contains("nccl|rccl", case=False, regex=True), False)
-        comm |= np.asarray(nccl, dtype=bool)[kc.cat.codes.to_numpy()]
+        nccl = kc.cat.categories.astype(str).str.contains("nccl|rccl", case=False, regex=True)
+        nccl = np.append(np.asarray(nccl, dtype=bool), False)
+        comm |= nccl[kc.cat.codes.to_numpy()]
         d_cat[:nK][comm] = COMM
-    d_stream_key = d_dev * (1 << 33) + d_stream
-    stream_ids, d_scode = np.unique(d_stream_key, return_inverse=True)
     d_launch = np.full(nD, -1, dtype=np.int64)
     d_member = d_start.copy()
     d_op = np.zeros(nD, dtype=np.int64)
@@ -381,12 +407,6 @@ def build_graph(ctx: RankContext) -> Graph:
         d_member[l_dev[ok]] = r_gs[l_grp[ok]]
         d_op[l_dev[ok]] = s_opname[seg[ok]]
     edges["launch"] = int((d_launch >= 0).sum())
-    d_order = np.lexsort((d_end, d_start, d_scode))
-    stream_prev = np.full(nD, -1, dtype=np.int64)
-    if nD > 1:
-        same = d_scode[d_order[1:]] == d_scode[d_order[:-1]]
-        stream_prev[d_order[1:][same]] = d_order[:-1][same]
-    edges["stream"] = int((stream_prev >= 0).sum())
 
     # ---- sync edges (device -> host segment), event waits (device -> device) --------------------
     sync_dst: list[np.ndarray] = []
@@ -466,6 +486,29 @@ def build_graph(ctx: RankContext) -> Graph:
                 ok = (es >= 0) & (ed >= 0) & (es != ed)
                 ev_dst.append(ed[ok])
                 ev_src.append(es[ok])
+                edges["event_wait"] = int(ok.sum())
+        has_swe = len(sy) > 0 and bool((sy["sync_kind"] == "Stream Wait Event").any())
+        if not has_swe and len(stream_ids) > 1:
+            # untraced cross-stream waits: the latest activity of another stream of the same device
+            # that ended shortly before this one started
+            dcode = np.unique(d_dev, return_inverse=True)[1]
+            dkey = _Keyer([d_start, d_end])
+            de = np.lexsort((d_end, dcode))
+            de_key = dkey(dcode[de], d_end[de])
+            de_s = d_scode[de]
+            run = np.ones(nD, dtype=bool)
+            run[1:] = de_s[1:] != de_s[:-1]
+            prev_other = np.maximum.accumulate(np.where(run, np.arange(nD), 0)) - 1  # previous run's last
+            i = np.searchsorted(de_key, dkey(dcode, d_start), side="right") - 1
+            ic = np.clip(i, 0, None)
+            pos = np.where(de_s[ic] != d_scode, ic, prev_other[ic])
+            pc = np.clip(pos, 0, None)
+            src = de[pc]
+            ok = ((i >= 0) & (pos >= 0) & (dcode[src] == dcode) & (d_scode[src] != d_scode)
+                  & (d_start - d_end[src] <= DEVICE_JOIN_TOL_US) & (d_end[src] <= d_start))  # fmt: skip
+            ev_dst.append(np.flatnonzero(ok))
+            ev_src.append(src[ok])
+            edges["device_join"] = int(ok.sum())
         plain = np.flatnonzero(g_sync & ~synced)  # sync calls without a cuda_sync row: any stream
         if len(plain):
             dst, src = seg_at(plain, at_end=True), last_any(r_ge[plain])
@@ -500,7 +543,7 @@ def build_graph(ctx: RankContext) -> Graph:
     start = np.concatenate([s_start, d_start])
     end = np.concatenate([s_end, d_end])
     wait = np.full(N, -1, dtype=np.int64)
-    for dsts, srcs, off, kind_ in ((sync_dst, sync_src, 0, "sync"), (ev_dst, ev_src, nS, "event_wait")):
+    for dsts, srcs, off in ((sync_dst, sync_src, 0), (ev_dst, ev_src, nS)):
         if dsts and sum(len(x) for x in dsts):
             dd = np.concatenate(dsts) + off
             ss = np.concatenate(srcs) + nS
@@ -509,7 +552,8 @@ def build_graph(ctx: RankContext) -> Graph:
             lastm = np.ones(len(dd), dtype=bool)
             lastm[:-1] = dd[1:] != dd[:-1]
             wait[dd[lastm]] = ss[lastm]
-            edges[kind_] = int(lastm.sum())
+            if off == 0:
+                edges["sync"] = int(lastm.sum())
 
     # ---- predecessor = the candidate that finished last (ties: thread / stream order) ------------
     pred = np.full(N, -1, dtype=np.int64)
@@ -519,8 +563,8 @@ def build_graph(ctx: RankContext) -> Graph:
         e_sp = np.where(sp >= 0, end[np.clip(sp, 0, None)], -np.inf)
         e_la = np.where(d_launch >= 0, end[np.clip(d_launch, 0, None)], -np.inf)
         pred[nS:] = np.where(e_sp >= e_la, sp, d_launch)
-    for extra, off in ((join, 0), (wait, 0)):
-        idx = np.flatnonzero(extra >= 0) + off
+    for extra in (join, wait):  # join: host nodes only; wait: any node
+        idx = np.flatnonzero(extra >= 0)
         if len(idx):
             cur = pred[idx]
             e_cur = np.where(cur >= 0, end[np.clip(cur, 0, None)], -np.inf)
@@ -534,7 +578,7 @@ def build_graph(ctx: RankContext) -> Graph:
         name=np.concatenate([s_name, d_name]),
         op=np.concatenate([s_opname, d_op]),
         inst=np.concatenate([s_inst, nO + nS + np.arange(nD)]),
-        tid=np.concatenate([tids[s_code] if nS else np.zeros(0, dtype=np.int64), np.full(nD, -1, dtype=np.int64)]),
+        tid=np.concatenate([tids[s_code] if nS else np.zeros(0, dtype=np.int64), np.full(nD, -1, np.int64)]),
         member_ts=np.concatenate([s_start, d_member]),
         is_gap=np.concatenate([s_gap, np.zeros(nD, dtype=bool)]),
         pred=pred,
@@ -591,6 +635,7 @@ class Segments:
     name: np.ndarray  # name ids
     op: np.ndarray  # name ids
     inst: np.ndarray
+    host: np.ndarray  # bool: a host-thread segment (labelled by its enclosing op in top_ops)
 
     def __len__(self) -> int:
         return len(self.start)
@@ -601,7 +646,8 @@ class Segments:
 
     @staticmethod
     def concat(parts: list[Segments]) -> Segments:
-        return Segments(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("start", "end", "cat", "name", "op", "inst")))
+        fields = ("start", "end", "cat", "name", "op", "inst", "host")
+        return Segments(*(np.concatenate([getattr(p, f) for p in parts]) for f in fields))
 
     def frame(self, names: pd.CategoricalDtype) -> pd.DataFrame:
         return pd.DataFrame({
@@ -626,24 +672,28 @@ def path_segments(g: Graph, path: np.ndarray, lo: float) -> Segments:
     st = g.start[path]
     gap = nxt < st
     gap[-1] &= bool(g.pred[path[-1]] >= 0)  # released before the window: idle from its start
-    cat = g.cat[path]
-    m2 = 2 * len(path)
-    # interleave [gap before node k, node k] and reverse: time order
-    s, e = np.empty(m2), np.empty(m2)
-    s[0::2], s[1::2] = nxt[::-1], np.minimum(np.maximum(st, nxt), E)[::-1]
-    e[0::2], e[1::2] = np.where(gap, np.minimum(st, E), nxt)[::-1], E[::-1]
-    c = np.empty(m2, dtype=np.int8)
-    c[0::2], c[1::2] = np.where(_IS_DEVICE[cat], DEVICE_IDLE, HOST_GAP)[::-1], cat[::-1]
-    nm, op, inst = np.empty(m2, dtype=np.int64), np.empty(m2, dtype=np.int64), np.empty(m2, dtype=np.int64)
-    nm[0::2], nm[1::2] = np.where(_IS_DEVICE[cat], 0, 1)[::-1], g.name[path][::-1]
-    op[0::2] = op[1::2] = g.op[path][::-1]
-    inst[0::2], inst[1::2] = -1, g.inst[path][::-1]
+    # node segments in time order, then the idle pieces inserted before their nodes
+    rev = path[::-1]
+    E, nxt, st, gap = E[::-1], nxt[::-1], st[::-1], gap[::-1]
+    s, e = np.minimum(np.maximum(st, nxt), E), E
+    cat, nm, op, inst = g.cat[rev], g.name[rev], g.op[rev], g.inst[rev]
+    host = rev < g.n_host
+    gi = np.flatnonzero(gap)
+    if len(gi):
+        dev = _IS_DEVICE[cat[gi]]
+        s = np.insert(s, gi, nxt[gi])
+        e = np.insert(e, gi, np.minimum(st[gi], E[gi]))
+        cat = np.insert(cat, gi, np.where(dev, DEVICE_IDLE, HOST_GAP).astype(np.int8))
+        nm = np.insert(nm, gi, np.where(dev, 0, 1))
+        op = np.insert(op, gi, op[gi])
+        inst = np.insert(inst, gi, -1)
+        host = np.insert(host, gi, ~dev)
     keep = e > s
-    return Segments(s[keep], e[keep], c[keep], nm[keep], op[keep], inst[keep])
+    return Segments(s[keep], e[keep], cat[keep], nm[keep], op[keep], inst[keep], host[keep])
 
 
 def _shares(seg: Segments) -> dict:
-    by = np.bincount(seg.cat, weights=seg.length, minlength=len(CATEGORIES)) if len(seg) else np.zeros(len(CATEGORIES))
+    by = np.bincount(seg.cat, weights=seg.length, minlength=len(CATEGORIES)) if len(seg) else np.zeros(9)
     total = float(by.sum())
 
     def r(x: float) -> float:
@@ -666,24 +716,25 @@ def _top_ops(seg: Segments, names: list[str], total: float) -> list[CriticalPath
     if not m.any() or total <= 0:
         return []
     cat, ln, inst = seg.cat[m].astype(np.int64), seg.length[m], seg.inst[m]
-    host_named = _OP_LABELLED[cat] & (seg.op[m] > 0)
+    host_named = _OP_LABELLED[cat] & seg.host[m] & (seg.op[m] > 0)
     label = np.where(host_named, seg.op[m], seg.name[m])
-    k = label * len(CATEGORIES) + cat
-    uk, inv = np.unique(k, return_inverse=True)
-    t = np.bincount(inv, weights=ln)
-    inst2 = np.where(inst >= 0, inst, -1)
-    big = int(inst2.max()) + 2 if len(inst2) else 2
-    inst2 = np.where(inst2 >= 0, inst2, big + np.arange(len(inst2)))  # unnamed pieces count once each
-    width = big + len(inst2) + 1
-    pairs = np.sort(inv.astype(np.int64) * width + inst2)
-    pairs = pairs[np.append(True, pairs[1:] != pairs[:-1])]
-    n = np.bincount(pairs // width, minlength=len(uk))
-    top = np.argsort(-t, kind="stable")[:TOP_N]
-    return [
-        CriticalPathOp(name=names[int(uk[i] // len(CATEGORIES))], category=CATEGORIES[int(uk[i] % len(CATEGORIES))],
-                       time_us=float(t[i]), share_ratio=min(1.0, float(t[i]) / total), instances_count=int(n[i]))  # fmt: skip
-        for i in top
-    ]
+    k = label * len(CATEGORIES) + cat  # dense small ints: sum with bincount, no sort
+    t_all = np.bincount(k, weights=ln)
+    nz = np.flatnonzero(t_all)
+    top = nz[np.argsort(-t_all[nz], kind="stable")[:TOP_N]]
+    out = []
+    for kk in top:  # at most 10: distinct instances among this label's segments
+        ii = np.sort(inst[k == kk])
+        neg = int(np.searchsorted(ii, 0))  # unnamed pieces (-1) count once each
+        n = neg + (int(np.count_nonzero(np.diff(ii[neg:]))) + 1 if len(ii) > neg else 0)
+        out.append(CriticalPathOp(
+            name=names[int(kk // len(CATEGORIES))],
+            category=CATEGORIES[int(kk % len(CATEGORIES))],
+            time_us=float(t_all[kk]),
+            share_ratio=min(1.0, float(t_all[kk]) / total),
+            instances_count=n,
+        ))  # fmt: skip
+    return out
 
 
 def _evidence(seg: Segments, top: list[CriticalPathOp], edges: dict[str, int], note: str) -> Evidence:
@@ -705,8 +756,8 @@ def _evidence(seg: Segments, top: list[CriticalPathOp], edges: dict[str, int], n
 
 
 NOTE = ("backward walk from the step's last-ending event (main thread, or device work launched in the step); "
-        "each node's predecessor is the thread-order / stream-order / launch / sync / event-wait / join candidate "
-        "that ended last; segments tile the path; share = category time / path length")  # fmt: skip
+        "each node's predecessor is the thread-order / stream-order / launch / sync / event-wait / join "
+        "candidate that ended last; segments tile the path; share = category time / path length")  # fmt: skip
 
 
 def per_rank(ctx: RankContext) -> list[Fact]:
@@ -744,7 +795,8 @@ def per_rank(ctx: RankContext) -> list[Fact]:
         top = _top_ops(seg, g.names, vals["path_length_us"])
         p_end = float(seg.end[-1])
         over = max(0.0, p_end - w.end_us)
-        inside = float(np.clip(np.minimum(seg.end, w.end_us) - np.maximum(seg.start, w.start_us), 0, None).sum())
+        inside = np.minimum(seg.end, w.end_us) - np.maximum(seg.start, w.start_us)
+        inside = float(np.clip(inside, 0, None).sum())
         in_ratio = min(1.0, inside / w.duration_us) if w.duration_us > 0 else 0.0
         facts.append(CriticalPathStep(
             rank=ctx.rank, step=w.step, start_us=w.start_us, end_us=w.end_us,

@@ -453,17 +453,23 @@ def op_cost(name: str, dims_text: str, types_text: str, concrete_text: str = "")
         return None
 
 
-def shape_signature(dims_text: str, limit: int = 120) -> str:
-    """Compact text of the input shapes: '[16,559,1024]x[1024,1024]x[1024]' (tensors only)."""
+def shape_signature(dims_text: str, types_text: str = "", limit: int = 120) -> str:
+    """Compact text of the tensor arguments' shapes: '[16,559,1024]x[1024,1024]x[1024]'
+    (0-d tensors as '[]', tensor lists as 'list[n]'; scalars and None arguments left out)."""
     dims = _loads(dims_text)
     if not isinstance(dims, list):
         return ""
+    types = _loads(types_text) if types_text else None
+    types = types if isinstance(types, list) else []
     parts = []
-    for d in dims:
+    for i, d in enumerate(dims):
+        t = types[i] if i < len(types) else None
         if isinstance(d, list) and d and all(isinstance(x, int) for x in d):
             parts.append("[" + ",".join(str(x) for x in d) + "]")
         elif isinstance(d, list) and d and all(isinstance(x, list) for x in d):
             parts.append(f"list[{len(d)}]")
+        elif d == [] and isinstance(t, str) and t in DTYPES:
+            parts.append("[]")
     s = "x".join(parts)
     return s if len(s) <= limit else s[: limit - 3] + "..."
 

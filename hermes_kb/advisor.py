@@ -53,7 +53,7 @@ def severity_of(share: float) -> str:
 @lru_cache(maxsize=8)
 def _kb_cached(config: str | None) -> KnowledgeBase:
     overrides = load_overrides(Path(config)) if config else None
-    return load_kb(overrides=overrides)
+    return load_kb(overrides=overrides, use_cache=True)
 
 
 def knowledge_base(config: str | os.PathLike | None = None) -> KnowledgeBase:

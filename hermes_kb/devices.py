@@ -58,8 +58,10 @@ class DeviceSpec:
         """
         if dtype == "fp32":
             order = (["tf32"] if fp32_uses_tf32 else []) + ["fp32_matrix", "fp32"]
-        elif dtype in ("fp16", "bf16"):
-            order = [dtype, "fp16", "bf16"]
+        elif dtype == "bf16":
+            order = ["bf16", "fp32"]  # no BF16 tensor cores (V100): BF16 runs at best at the FP32 rate
+        elif dtype == "fp16":
+            order = ["fp16", "fp32"]
         elif dtype == "fp8":
             order = ["fp8"]
         elif dtype == "int8":
@@ -172,7 +174,8 @@ DEVICES: dict[str, DeviceSpec] = {
         DeviceSpec(key="ascend910a", name="Huawei Ascend 910 (910A)", vendor="huawei",
                    peak_flops={"fp16": 256 * T, "int8": 512 * T}, hbm_bytes_per_s=1200 * GBPS, memory_bytes=32e9,
                    sources={"fp16": ASCEND910_PR, "int8": ASCEND910_PR, "hbm": ASCEND910_HC31},
-                   note="HBM: four HBM2 stacks, ~1.2 TB/s (secondary sources; not in the press release)",
+                   note="HBM: four HBM2 stacks (Hot Chips 31); ~1.2 TB/s is the figure secondary sources quote, "
+                        "not stated on either cited page",
                    verified=False),  # fmt: skip
         DeviceSpec(key="ascend910b", name="Huawei Ascend 910B", vendor="huawei",
                    peak_flops={"fp16": 280 * T, "bf16": 280 * T}, hbm_bytes_per_s=1600 * GBPS, memory_bytes=64e9,

@@ -336,8 +336,17 @@ def test_collective_belongs_to_the_step_that_issued_it(tmp_path):
     # kernel only runs at [600, 700) (in step 2's window): it counts for step 1
     ev = [X("user_annotation", "ProfilerStep#1", 0, 500), X("user_annotation", "ProfilerStep#2", 500, 500)]
     ev += collective(450, 0, ext=10, corr=2, nelems=256)[:3]  # record_param_comms at 400, launch at 410
-    ev.append(X("kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)", 600, 100, pid=0, tid=20,
-                args={"correlation": 2, "External id": 11, "stream": 20}))  # fmt: skip
+    ev.append(
+        X(
+            "kernel",
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*)",
+            600,
+            100,
+            pid=0,
+            tid=20,
+            args={"correlation": 2, "External id": 11, "stream": 20},
+        )
+    )
     ctx, _ = step_context(hermes_kb.load(write_trace(tmp_path / "t.json", ev))[0])
     df = comm.rank_collectives(ctx)
     assert df["step"].tolist() == [1] and df["ts"].tolist() == [600.0]
@@ -349,9 +358,11 @@ def test_collective_belongs_to_the_step_that_issued_it(tmp_path):
 def test_bandwidth_only_where_the_duration_is_a_transfer(tmp_path, backend, size, bandwidth):
     # CPU-only collectives (no kernel): 1 MiB broadcast in a 100 µs op. NCCL's CPU op only enqueues and a
     # one-rank group sends nothing: no bandwidth; a blocking gloo broadcast over 2 ranks: 1 MiB / 100 µs
-    ev = [X("user_annotation", "ProfilerStep#1", 0, 1000),
-          X("cpu_op", "record_param_comms", 100, 100, args={"Collective name": "broadcast", "dtype": "Byte",
-                                                           "In msg nelems": MIB, "Group size": size})]  # fmt: skip
+    args = {"Collective name": "broadcast", "dtype": "Byte", "In msg nelems": MIB, "Group size": size}
+    ev = [
+        X("user_annotation", "ProfilerStep#1", 0, 1000),
+        X("cpu_op", "record_param_comms", 100, 100, args=args),
+    ]
     p = write_trace(
         tmp_path / "t.json", ev, distributedInfo={"rank": 0, "world_size": size, "backend": backend}
     )

@@ -189,7 +189,8 @@ def test_device_lookup():
     assert h.matmul_peak("fp32") == ("fp32", 67e12)
     assert h.matmul_peak("fp32", fp32_uses_tf32=True) == ("tf32", 494.5e12)
     assert DEVICES["mi300x"].matmul_peak("fp32") == ("fp32_matrix", 163.4e12)
-    assert DEVICES["v100-sxm2"].matmul_peak("bf16") == ("fp16", 125e12)  # no BF16 on Volta: FP16 tensor rate
+    assert DEVICES["v100-sxm2"].matmul_peak("fp16") == ("fp16", 125e12)
+    assert DEVICES["v100-sxm2"].matmul_peak("bf16") == ("fp32", 15.7e12)  # no BF16 tensor cores on Volta
 
 
 def test_every_device_number_has_a_source():

@@ -10,6 +10,7 @@ import pytest
 
 import hermes_kb
 from analyzers import cpu as A
+from analyzers.io import MAX_STEP_FACTS
 from analyzers.steps import step_context
 from conftest import EXAMPLE, SHARED, X, kineto_traces, needs_shared, write_trace
 
@@ -228,4 +229,4 @@ def test_every_real_trace(path):
                 assert f.dtoh_blocking_count <= f.dtoh_count or f.dtoh_count == 0
             elif f.kind == "compilation":
                 assert f.compile_us <= f.window_us + 1e-6
-        assert sum(1 for f in facts if f.step is not None) <= 3 * A.MAX_STEP_FACTS
+        assert sum(1 for f in facts if f.step is not None) <= 3 * MAX_STEP_FACTS

@@ -1,5 +1,6 @@
-"""Facts about the critical path of each step: which chain of host work, launches, device work
-and waits decided when the step finished (analyzers/critical_path.py; docs/analysis/critical_path.md)."""
+"""Facts about the critical path of each step: the chain of host work, launches, device work and
+waits that decided when the step finished (analyzers/critical_path.py;
+docs/analysis/critical_path.md)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ class CriticalPathOp(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(description="host segments: the enclosing top-level CPU op (else the runtime call); "
-                                  "device segments: the kernel / memcpy name; gaps: the covering annotation")  # fmt: skip
+    name: str = Field(
+        description="host segments: the enclosing top-level CPU op (else the runtime call); "
+        "device segments: the kernel / memcpy name; gaps: the covering annotation"
+    )
     category: PathCategory
     time_us: float = us("time this name spends on the path in this category")
     share_ratio: float = ratio("time_us / path_length_us")
@@ -28,25 +31,31 @@ class CriticalPathOp(BaseModel):
 
 
 class _CriticalPathShares(Fact):
-    """Fields common to the per-step and the rank-level fact (no ``kind``: not a fact kind itself)."""
+    """Fields common to the per-step and the rank-level fact (no ``kind``: not a fact kind)."""
 
-    path_length_us: float = us("sum of the path's segments (the path tiles its span without overlap)")
-    step_duration_us: float = us("analysis window length (sum over steps for the rank-level fact)")
-    path_in_step_ratio: float = ratio("part of the step window the path covers (|path ∩ window| / window)")
-    overrun_us: float = us("how far the path ends after the step window ends (device work still running "
-                           "when the next step began); 0 when it ends inside")  # fmt: skip
-    segments_count: int = measure("count", "path segments (graph nodes and idle gaps)")
-    cpu_op_us: float = us("inside top-level CPU ops, outside CUDA runtime calls")
-    host_gap_us: float = us("host thread time between traced top-level events (untraced Python, dataloader, ...)")
+    path_length_us: float = us("sum of the path's segments (they tile the path without overlap)")
+    step_duration_us: float = us("analysis window length (sum over the steps for the rank-level fact)")
+    path_in_step_ratio: float = ratio("share of the step window the path covers: |path ∩ window| / window")
+    overrun_us: float = us(
+        "how far the path ends after the step window (the step's device work still running when the "
+        "next step began); 0 when it ends inside"
+    )
+    segments_count: int = measure("count", "path segments (graph nodes and idle pieces)")
+    cpu_op_us: float = us("inside top-level CPU ops, outside CUDA/HIP runtime calls")
+    host_gap_us: float = us("host thread time between traced events (untraced Python, data loading, ...)")
     launch_us: float = us("kernel / memcpy / memset / graph launch runtime calls")
     runtime_us: float = us("other CUDA/HIP runtime calls (malloc, free, event record, stream wait, ...)")
-    sync_wait_us: float = us("synchronising runtime calls after the device work they waited for had ended, "
-                             "or with no device work found to wait for")  # fmt: skip
+    sync_wait_us: float = us(
+        "synchronising calls after the device work they waited for had ended, or with no device work "
+        "found to wait for"
+    )
     kernel_us: float = us("compute kernels")
-    communication_us: float = us("collective kernels (NCCL/RCCL)")
+    communication_us: float = us("collective kernels (NCCL/RCCL), or CPU-only collective ops")
     memcpy_us: float = us("device memcpy / memset")
-    device_idle_us: float = us("device activity waiting for its release with nothing traced running on the path "
-                               "(launch latency, untraced cross-stream waits)")  # fmt: skip
+    device_idle_us: float = us(
+        "device activity waiting for its release with nothing traced running on the path "
+        "(launch latency, untraced cross-stream waits)"
+    )
     cpu_op_ratio: float = ratio("cpu_op_us / path_length_us")
     host_gap_ratio: float = ratio("host_gap_us / path_length_us")
     launch_ratio: float = ratio("launch_us / path_length_us")
@@ -56,9 +65,9 @@ class _CriticalPathShares(Fact):
     communication_ratio: float = ratio("communication_us / path_length_us")
     memcpy_ratio: float = ratio("memcpy_us / path_length_us")
     device_idle_ratio: float = ratio("device_idle_us / path_length_us")
-    host_ratio: float = ratio("(cpu_op + host_gap + launch + runtime) / path_length: the host decides the step")
-    device_ratio: float = ratio("(kernel + communication + memcpy) / path_length: the device decides the step")
-    dominant_category: PathCategory | None = Field(default=None, description="category with the most path time")
+    host_ratio: float = ratio("(cpu_op + host_gap + launch + runtime) / path length: the host decides")
+    device_ratio: float = ratio("(kernel + communication + memcpy) / path length: the device decides")
+    dominant_category: PathCategory | None = Field(default=None, description="category with most path time")
     top_ops: list[CriticalPathOp] = Field(default_factory=list, description="up to 10, longest first")
 
 
@@ -68,7 +77,7 @@ class CriticalPathStep(_CriticalPathShares):
     kind: Literal["critical_path_step"] = "critical_path_step"
     start_us: float = us("step window start")
     end_us: float = us("step window end")
-    path_start_us: float = us("where the backward walk stopped (window start, or the first node with no predecessor)")
+    path_start_us: float = us("where the backward walk stopped (window start, or a node without predecessor)")
     path_end_us: float = us("end of the step's last-ending event, where the walk began")
 
 

@@ -1,8 +1,9 @@
 """Everything durable-rules-specific lives here.
 
 Sharp edges handled (ARCHITECTURE.md): definitions are deep-copied before registration (it
-mutates them); one Host per process, created lazily and used from one thread at a time behind
-a lock; rulesets are registered once per KB content (names carry a hash, since a name cannot
+mutates them); one Host per process, created lazily, without the background timer threads a
+Host normally starts (they call into the C engine concurrently and crash it), and used from
+one thread at a time behind a lock; rulesets are registered once per KB content (names carry a hash, since a name cannot
 be registered twice); each analysis uses a fresh session id and cleans up by retracting its
 facts (never delete_state); numbers reach the engine sanitised (hermes_kb.kb.conditions);
 identical facts are never asserted twice (they carry a unique _id); "not handled" and
@@ -17,11 +18,13 @@ import copy
 import hashlib
 import itertools
 import json
+import re
 import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import HermesError
-from .conditions import NAll, NLeaf, and_refs, compile_patterns, sanitize_number
+from .conditions import CompiledPattern, NAll, NLeaf, and_refs, compare, compile_patterns, evaluate, sanitize_number
 
 try:  # durable-rules does not import on Python 3.13+
     from durable import engine as _engine
@@ -38,7 +41,9 @@ class EngineError(HermesError):
 
 _LOCK = threading.Lock()
 _HOST = None
-_REGISTERED: dict[str, dict[str, tuple[str, list[str]]]] = {}  # ruleset name -> rule key -> (item id, bindings)
+_REGISTERED: dict[str, dict[str, tuple]] = {}  # ruleset name -> rule key -> (item id, bindings, PostFilter)
+_ABSENT_KINDS: dict[str, set[str]] = {}
+_REGEX_KEYS: dict[tuple[str, str], str] = {}  # (field, pattern) -> flag field set on facts  # ruleset name -> kinds named by absent patterns
 _SID = itertools.count(1)
 _FIRED: list[tuple[str, dict[str, Any]]] = []
 _ERRORS: list[str] = []
@@ -51,7 +56,16 @@ def available() -> bool:
 def _host():
     global _HOST
     if _HOST is None:
-        _HOST = _engine.Host()
+
+        class QuietHost(_engine.Host):
+            def _run(self):
+                # durable's Host starts timer threads that call into the C engine for every
+                # ruleset, concurrently with the caller's thread: with many rulesets this crashed
+                # the process (SIGSEGV in 2 of 3 `hermes kb test` runs). hermes uses neither
+                # timers nor queued events (actions run inline in assert_fact), so none start.
+                pass
+
+        _HOST = QuietHost()
     return _HOST
 
 
@@ -85,7 +99,11 @@ def _leaf(leaf: NLeaf, params: dict[str, Any]) -> dict:
     if leaf.op in _CMP:
         return {"$and": [exists, {_CMP[leaf.op]: {f: v}}]}
     if leaf.op == "matches":
-        return {"$and": [exists, {"$mt": {f: v}}]}
+        # durable-rules' own regex dialect lacks classes like \d and differs in details, so
+        # matches are decided by Python's re (the oracle's semantics) into a flag field per
+        # (field, pattern) that is added to each fact before it is asserted
+        key = _REGEX_KEYS.setdefault((f, v), f"_re{len(_REGEX_KEYS)}")
+        return {key: 1}
     if leaf.op == "in":
         if not v:
             return {"$and": [exists, {"$nex": {f: 1}}]}  # never true
@@ -102,48 +120,139 @@ def _expr(n, params) -> dict:
     return {key: [_expr(x, params) for x in n.items]}
 
 
-def compile_item(patterns, params: dict[str, Any]) -> tuple[list[dict], list[str]]:
-    """durable-rules 'all' list for one rule/case, and the names of its (non-absent) bindings.
+def _conjuncts(n, params) -> list[dict]:
+    """The where expression as a flat list of conjuncts (nested ands flattened)."""
+    if n is None:
+        return []
+    if isinstance(n, NAll):
+        return [c for x in n.items for c in _conjuncts(x, params)]
+    expr = _expr(n, params)
+    if "$and" in expr and len(expr) == 1:
+        return list(expr["$and"])
+    return [expr]
+
+
+def _unique(parts: list[dict]) -> list[dict]:
+    seen: set[str] = set()
+    out = []
+    for p in parts:
+        key = json.dumps(p, sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            out.append(p)
+    return out
+
+
+def _refers(conj: dict) -> bool:
+    """Whether a compiled conjunct compares with another binding ({field: {binding: field}})."""
+    for k, v in conj.items():
+        if isinstance(v, dict):
+            if k.startswith("$"):
+                if any(isinstance(x, dict) for x in v.values()):
+                    return True
+            elif len(v) == 1 and next(iter(v)).startswith("b_"):
+                return True
+    return False
+
+
+def _strip_cross_inequalities(n):
+    """The expression without leaves that compare with another binding by an inequality
+    (returned separately); they sit only where all conditions must hold (validated)."""
+    if n is None:
+        return None, []
+    if isinstance(n, NLeaf):
+        if n.ref is not None and n.op != "==":
+            return None, [n]
+        return n, []
+    if isinstance(n, NAll):
+        kept, taken = [], []
+        for x in n.items:
+            k, t = _strip_cross_inequalities(x)
+            taken.extend(t)
+            if k is not None:
+                kept.append(k)
+        return (NAll(tuple(kept)) if kept else None), taken
+    return n, []  # refs never sit under any (validated)
+
+
+@dataclass
+class PostFilter:
+    """Conditions checked in Python on each match durable-rules reports: cross-binding
+    inequalities (durable-rules crashes or misjudges them: SIGSEGV in 3 of 8 runs of one case)
+    and absent patterns (durable-rules never takes back a match that a later fact would
+    have prevented, so its answer would depend on the order facts arrive in)."""
+
+    refs: list[tuple[str, NLeaf]] = field(default_factory=list)
+    absent: list[CompiledPattern] = field(default_factory=list)
+
+    def keep(self, bound: dict[str, dict], by_kind: dict[str, list[dict]], params: dict[str, Any]) -> bool:
+        for name, leaf in self.refs:
+            other, _, fld = leaf.ref.partition(".")
+            if not compare(bound[name].get(leaf.field), leaf.op, bound[other].get(fld)):
+                return False
+        for p in self.absent:
+            for f in by_kind.get(p.kind, []):
+                if all(f.get(k) is not None and f.get(k) == bound[o].get(k) for k, o in p.join.items()) and evaluate(
+                    p.where, f, params, bound
+                ):
+                    return False
+        return True
+
+
+def compile_item(patterns, params: dict[str, Any]) -> tuple[list[dict], list[str], PostFilter]:
+    """durable-rules 'all' list for one rule/case, the names of its (non-absent) bindings, and
+    the conditions left to Python (PostFilter).
 
     durable-rules fails (error 311) when a fact refers to a field its partner lacks, while a
     comparison with a missing field is simply false in hermes' semantics; so every field that
     a later pattern refers to (ref or join) is required to exist on the referred binding."""
     compiled = compile_patterns(patterns)
+    post = PostFilter()
     needed: dict[str, set[str]] = {p.name: set() for p in compiled}
     for p in compiled:
         try:
             refs = and_refs(p.where)
         except ValueError as exc:
             raise EngineError(str(exc)) from None
+        if p.absent:
+            continue
         refs.extend((other, field) for field, other in p.join.items())
         for name, field in refs:
             needed.setdefault(name, set()).add(field)
     out = []
     names = []
     for p in compiled:
+        if p.absent:
+            post.absent.append(p)
+            continue
+        where, taken = _strip_cross_inequalities(p.where)
+        post.refs.extend((p.name, leaf) for leaf in taken)
+        # One flat conjunction, comparisons with other bindings first: durable-rules ignores a
+        # cross-binding comparison that follows another condition inside a nested $and.
         parts: list[dict] = [{"kind": p.kind}]
         parts.extend({"$ex": {f: 1}} for f in sorted(needed.get(p.name, ())))
-        for field, other in p.join.items():
-            parts.append({"$ex": {field: 1}})
-            parts.append({field: {_dname(other): field}})
-        if p.where is not None:
-            parts.append(_expr(p.where, params))
+        parts.extend({"$ex": {leaf.field: 1}} for leaf in taken)
+        cross: list[dict] = []
+        local: list[dict] = []
+        for field_, other in p.join.items():
+            parts.append({"$ex": {field_: 1}})
+            cross.append({field_: {_dname(other): field_}})
+        for conj in _conjuncts(where, params):
+            (cross if _refers(conj) else local).append(conj)
+        parts = _unique([parts[0], *cross, *parts[1:], *local])
         cond = parts[0] if len(parts) == 1 else {"$and": parts}
-        if p.absent:
-            out.append({f"{_dname(p.name)}$not": cond})
-        else:
-            out.append({_dname(p.name): cond})
-            names.append(p.name)
-    return out, names
+        out.append({_dname(p.name): cond})
+        names.append(p.name)
+    return out, names, post
 
 
 def _action(key: str):
     def action(c):  # exactly one parameter: two would make durable-rules run it asynchronously
         try:
             ruleset_name, rule_key = key.split("/", 1)
-            item_id, names = _REGISTERED[ruleset_name][rule_key]
+            item_id, names, post = _REGISTERED[ruleset_name][rule_key]
             bound = {n: dict(c._m[_dname(n)]) for n in names}
-            _FIRED.append((item_id, bound))
+            _FIRED.append((item_id, bound, post))
         except Exception as exc:  # surfaced after the run; durable would swallow it
             _ERRORS.append(f"{key}: {type(exc).__name__}: {exc}")
 
@@ -155,10 +264,10 @@ def _register(kb, items, attr: str) -> str:
     meta: dict[str, tuple[str, list[str]]] = {}
     for i, entry in enumerate(items):
         item = entry.item
-        all_, names = compile_item(getattr(item, attr), kb.params[item.id])
+        all_, names, post = compile_item(getattr(item, attr), kb.params[item.id])
         rule_key = f"r{i}"
         definition[rule_key] = {"all": all_}
-        meta[rule_key] = (item.id, names)
+        meta[rule_key] = (item.id, names, post)
     digest = hashlib.sha1(json.dumps(definition, sort_keys=True, default=str).encode()).hexdigest()[:16]
     name = f"hermes_{attr}_{digest}"
     if name not in _REGISTERED:
@@ -192,6 +301,10 @@ def run(kb, items, facts: list[dict[str, Any]], attr: str):
         try:
             for f in facts:
                 msg = {**f, "sid": sid}
+                for (field, pattern), key in _REGEX_KEYS.items():
+                    value = f.get(field)
+                    if isinstance(value, str):
+                        msg[key] = 1 if re.fullmatch(pattern, value) else 0
                 try:
                     host.assert_fact(name, msg)
                     asserted.append(msg)
@@ -213,9 +326,15 @@ def run(kb, items, facts: list[dict[str, Any]], attr: str):
             _ERRORS.clear()
     if errors:
         raise EngineError("an action failed inside durable-rules: " + "; ".join(errors[:3]))
+    by_kind: dict[str, list[dict]] = {}
+    for f in facts:
+        by_kind.setdefault(f.get("kind", ""), []).append(f)
     out = {}
-    for item_id, bound in fired:
-        clean = {k: {kk: vv for kk, vv in v.items() if kk != "sid"} for k, v in bound.items()}
+    for item_id, bound, post in fired:
+        clean = {k: {kk: vv for kk, vv in v.items() if kk != "sid" and not kk.startswith("_re")} for k, v in bound.items()}
+        params = {k: sanitize_number(v) for k, v in kb.params[item_id].items()}
+        if not post.keep(clean, by_kind, params):
+            continue
         m = Match(item_id, clean)
         out[m.key()] = m
     return sorted(out.values(), key=Match.key)

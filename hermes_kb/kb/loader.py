@@ -8,6 +8,9 @@ unique ids, templates that parse) run on top.
 
 from __future__ import annotations
 
+import hashlib
+import os
+import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -144,9 +147,18 @@ def _schema_problems(p: str, nodes, exc: ValidationError) -> list[str]:
     return [_where(p, nodes, _plain(tuple(e["loc"])), e["msg"]) for _, e in best.values()]
 
 
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when PyYAML has it: ~14x faster
+
+
 def _read(path: Path) -> tuple[Any, Any]:
-    text = path.read_text(encoding="utf-8")
-    return yaml.safe_load(text), yaml.compose(text, Loader=yaml.SafeLoader)
+    """The document and its node tree (for error positions), parsed once with a safe loader."""
+    loader = _SAFE_LOADER(path.read_text(encoding="utf-8"))
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    finally:
+        loader.dispose()
+    return data, node
 
 
 def _fields(kind: str) -> set[str] | None:
@@ -225,18 +237,61 @@ def _check_examples(item, p: str, nodes, problems: list[str]) -> None:
 _JINJA = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
 
 
+def _kb_files(rules_dir: Path, cases_dir: Path) -> list[tuple[Path, type]]:
+    files: list[tuple[Path, type]] = [(f, Rule) for f in sorted(Path(rules_dir).glob("*.yaml"))]
+    files += [(f, Case) for f in sorted(Path(cases_dir).glob("*/*.yaml"))]
+    return files
+
+
+def _cache_file(files: list[tuple[Path, type]], overrides) -> Path | None:
+    """Where a checked KB is kept between runs: keyed by hermes' version and every file's bytes."""
+    from .. import __version__
+
+    base = os.environ.get("HERMES_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hermes"
+    )
+    h = hashlib.sha256(__version__.encode())
+    for f, _ in files:
+        h.update(str(f).encode())
+        h.update(f.read_bytes())
+    h.update(repr(sorted((overrides or {}).items())).encode())
+    return Path(base) / f"kb-{h.hexdigest()[:24]}.pickle"
+
+
 def load_kb(rules_dir: Path | None = None, cases_dir: Path | None = None,
-            overrides: dict[str, dict[str, Any]] | None = None) -> KnowledgeBase:  # fmt: skip
-    """Load and check every rule and case; raise KbError listing every problem found."""
-    d_rules, d_cases = kb_dirs()
+            overrides: dict[str, dict[str, Any]] | None = None, *, use_cache: bool = False) -> KnowledgeBase:  # fmt: skip
+    """Load and check every rule and case; raise KbError listing every problem found.
+
+    ``use_cache``: reuse the checked KB from the last run when no file changed (the advisor
+    does; `hermes kb validate/test` always check from scratch)."""
+    d_rules, d_cases = (None, None) if rules_dir and cases_dir else kb_dirs()
     rules_dir = rules_dir or d_rules
     cases_dir = cases_dir or d_cases
+    cache = _cache_file(_kb_files(rules_dir, cases_dir), overrides) if use_cache else None
+    if cache is not None and cache.is_file():
+        try:
+            with cache.open("rb") as fh:
+                return pickle.load(fh)
+        except Exception:  # a stale or broken cache is only a cache
+            pass
+    kb = _load_checked(rules_dir, cases_dir, overrides)
+    if cache is not None:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+            with tmp.open("wb") as fh:
+                pickle.dump(kb, fh, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(tmp, cache)
+        except OSError:
+            pass
+    return kb
+
+
+def _load_checked(rules_dir: Path, cases_dir: Path, overrides) -> KnowledgeBase:
     problems: list[str] = []
     kb = KnowledgeBase()
     seen: dict[str, str] = {}
-    files = [(f, Rule) for f in sorted(Path(rules_dir).glob("*.yaml"))]
-    files += [(f, Case) for f in sorted(Path(cases_dir).glob("*/*.yaml"))]
-    for path, model in files:
+    for path, model in _kb_files(rules_dir, cases_dir):
         p = str(path)
         try:
             data, nodes = _read(path)
@@ -278,7 +333,7 @@ def load_kb(rules_dir: Path | None = None, cases_dir: Path | None = None,
         _check_examples(item, p, nodes, problems)
         if len(problems) > n_before:
             continue
-        entry = Entry(item=item, path=p, nodes=nodes)
+        entry = Entry(item=item, path=p, nodes=None)  # node trees are only needed while checking
         (kb.rules if isinstance(item, Rule) else kb.cases).append(entry)
         values = {k: v.default for k, v in item.parameters.items()}
         for k, v in (overrides or {}).get(item.id, {}).items():

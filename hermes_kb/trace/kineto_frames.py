@@ -24,6 +24,7 @@ from .names import annotation_kind, memcpy_parts, runtime_kind
 _NAME = attrgetter("name")
 _DIMS = attrgetter("input_dims")
 _TYPES = attrgetter("input_types")
+_CONCRETE = attrgetter("concrete_inputs")
 
 
 def streams_of(args: list, events: list[ks.Event]) -> np.ndarray:
@@ -130,12 +131,13 @@ class FrameBuilder:
 class CpuOps(FrameBuilder):
     what = "cpu_op"
     args_type = ks.CpuOpArgs
-    TABLES = {"names": "name", "dims": "input_dims", "types": "input_types"}
+    TABLES = {"names": "name", "dims": "input_dims", "types": "input_types", "concrete": "concrete_inputs"}
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
         self.dims = NameTable()
         self.types = NameTable()
+        self.concrete = NameTable()
         self.collective_args: dict[int, ks.CpuOpArgs] = {}
 
     def extract(self, events, args, offset):
@@ -151,17 +153,19 @@ class CpuOps(FrameBuilder):
             "fwd_tid": ints_of(args, "fwd_tid"),
             "input_dims": self.dims.codes(list(map(bytes, map(_DIMS, args)))),
             "input_types": self.types.codes(list(map(bytes, map(_TYPES, args)))),
+            "concrete_inputs": self.concrete.codes(list(map(bytes, map(_CONCRETE, args)))),
         }
 
     def finish(self, cols, out):
         cols["input_dims"] = self.dims.categorical(cols["input_dims"], decode=True)
         cols["input_types"] = self.types.categorical(cols["input_types"], decode=True)
+        cols["concrete_inputs"] = self.concrete.categorical(cols["concrete_inputs"], decode=True)
         cols["parent"], cols["depth"] = call_tree(cols["tid"], out["ts"], out["end"])
         return cols
 
     def empty_columns(self):
         return {"pid": np.int64, "tid": np.int64, "ext_id": np.int64, "seq": np.int64, "rf_id": np.int64,
-                "fwd_tid": np.int64, "input_dims": "category", "input_types": "category", "parent": np.int64,
+                "fwd_tid": np.int64, "input_dims": "category", "input_types": "category", "concrete_inputs": "category", "parent": np.int64,
                 "depth": np.int32}  # fmt: skip
 
 

@@ -76,6 +76,7 @@ class CpuOpArgs(CollectiveArgs, gc=False):
     fwd_tid: int = field(default=-1, name="Fwd thread id")
     input_dims: Raw = field(default=Raw(b""), name="Input Dims")
     input_types: Raw = field(default=Raw(b""), name="Input type")
+    concrete_inputs: Raw = field(default=Raw(b""), name="Concrete Inputs")
 
 
 class AnnotationArgs(msgspec.Struct, gc=False):

@@ -1,0 +1,213 @@
+"""Diagnosis accuracy on the scenario zoo (and, as observations, on labelled shared traces).
+
+    python benchmarks/eval.py [--write docs/accuracy.md] [--check]
+
+For every recorded scenario (benchmarks/scenarios/recorded/<name>/label.json with bad.json.gz
+and fixed.json.gz), runs hermes advise on the bad variant and on its fixed twin and scores:
+
+- top-1 / top-3: the label's expected case ids, or its cause, among the first 1 / 3 findings;
+- false alarms: any high-severity finding on a fixed twin or a healthy control;
+- gain error: the predicted step-time speedup range of the finding that names the cause
+  against the measured speedup of the fix (hit if inside the range; relative error of the
+  midpoint).
+
+Targets (issue 5): top-1 >= 90%, no high-severity false alarm, median gain error <= 25%.
+``--check`` exits 1 when the scores fall below the committed baseline
+(benchmarks/accuracy_baseline.json), so CI catches regressions; the report says plainly where
+the targets themselves are not met yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDED = ROOT / "benchmarks/scenarios/recorded"
+BASELINE = ROOT / "benchmarks/accuracy_baseline.json"
+SHARED = ROOT.parent / "shared/data"
+
+# Shared traces whose READMEs describe one dominant problem. Their READMEs call these
+# observations, not ground truth, so they are reported but not counted in the targets.
+OBSERVED = [
+    ("param/resnet_kineto.json.gz", "io", "data loading (README: DataLoader 8.2 s of 16.2 s)"),
+    ("tracelens/h100__google_owlv2-large-patch14-ensemble__1016001.json.gz", "io", "single-process DataLoader 619 of 1211 ms"),
+    ("param/linear_kineto.json.gz", "cpu", "CPU launch overhead (tiny kernels, GPU idle)"),
+    ("tracelens/h100__gaunernst_bert-small-uncased__1016001.json.gz", "cpu", "launch overhead, 97% kernels < 10 us"),
+    ("tracelens/h100__Qwen_Qwen1.5-0.5B-Chat__1016005.json.gz", "computation", "GPU-bound compute"),
+    ("param/dlrm_kineto_8rank", "communication", "communication-bound, rank imbalance"),
+]
+
+
+@dataclass
+class Outcome:
+    name: str
+    label: dict
+    first: list[dict] = field(default_factory=list)  # first 3 findings of the bad variant
+    fixed_high: list[str] = field(default_factory=list)
+    top1: bool = False
+    top3: bool = False
+    predicted: tuple[float, float] | None = None
+    measured: float | None = None
+
+    @property
+    def gain_hit(self) -> bool | None:
+        if self.predicted is None or self.measured is None:
+            return None
+        return self.predicted[0] <= self.measured <= self.predicted[1]
+
+    @property
+    def gain_error(self) -> float | None:
+        if self.predicted is None or not self.measured:
+            return None
+        mid = (self.predicted[0] + self.predicted[1]) / 2
+        return abs(mid - self.measured) / self.measured
+
+
+def _matches(f: dict, label: dict) -> bool:
+    return f["case_id"] in label.get("expected_cases", []) or f["cause"] == label.get("cause")
+
+
+def _advise(path: Path) -> dict:
+    import hermes_kb
+
+    return hermes_kb.advise(path).model_dump(mode="json")
+
+
+def score_scenario(d: Path) -> Outcome:
+    label = json.loads((d / "label.json").read_text())
+    out = Outcome(d.name, label)
+    healthy = label.get("healthy") or label.get("category") == "none"
+    bad = d / "bad.json.gz"
+    if bad.is_file() and not healthy:
+        rep = _advise(bad)
+        fs = rep["findings"]
+        out.first = [{k: f[k] for k in ("case_id", "cause", "category", "severity", "expected_speedup")} for f in fs[:3]]
+        out.top1 = bool(fs) and _matches(fs[0], label)
+        out.top3 = any(_matches(f, label) for f in fs[:3])
+        hit = next((f for f in fs if _matches(f, label)), None)
+        if hit is not None:
+            out.predicted = (hit["expected_speedup"]["low"], hit["expected_speedup"]["high"])
+        out.measured = label.get("speedup_of_fix")
+    for variant in ("fixed", "bad") if healthy else ("fixed",):
+        p = d / f"{variant}.json.gz"
+        if p.is_file():
+            rep = _advise(p)
+            out.fixed_high += [f"{variant}: {f['case_id']}" for f in rep["findings"] if f["severity"] == "high"]
+    return out
+
+
+def observed() -> list[tuple[str, str, str, list[str]]]:
+    rows = []
+    for rel, cat, what in OBSERVED:
+        p = SHARED / rel
+        if not p.exists():
+            continue
+        rep = _advise(p)
+        rows.append((rel, cat, what, [f"{f['case_id']} ({f['category']}, {f['severity']})" for f in rep["findings"][:3]]))
+    return rows
+
+
+def summarize(outcomes: list[Outcome]) -> dict:
+    scored = [o for o in outcomes if not (o.label.get("healthy") or o.label.get("category") == "none")]
+    errors = [o.gain_error for o in scored if o.gain_error is not None]
+    hits = [o.gain_hit for o in scored if o.gain_hit is not None]
+    n = len(scored)
+    return {
+        "scenarios": n,
+        "top1": sum(o.top1 for o in scored) / n if n else 0.0,
+        "top3": sum(o.top3 for o in scored) / n if n else 0.0,
+        "false_alarms": sum(len(o.fixed_high) for o in outcomes),
+        "median_gain_error": statistics.median(errors) if errors else None,
+        "gain_hits": f"{sum(hits)}/{len(hits)}",
+    }
+
+
+def render(outcomes: list[Outcome], summary: dict, obs) -> str:
+    def pct(x):
+        return "-" if x is None else f"{x:.0%}"
+
+    lines = [
+        "# Diagnosis accuracy",
+        "",
+        "Made by `python benchmarks/eval.py --write docs/accuracy.md` on the recorded scenario zoo "
+        "(`benchmarks/scenarios/`, CPU runs with torch 2.13.0; each label.json says how and where it was recorded).",
+        "",
+        "| metric | value | target |",
+        "|---|---|---|",
+        f"| scenarios scored | {summary['scenarios']} | |",
+        f"| top-1 (case id or cause) | {pct(summary['top1'])} | >= 90% |",
+        f"| top-3 | {pct(summary['top3'])} | |",
+        f"| high-severity false alarms (fixed twins, healthy control) | {summary['false_alarms']} | 0 |",
+        f"| median gain error (midpoint vs measured speedup) | {pct(summary['median_gain_error'])} | <= 25% |",
+        f"| measured speedup inside the predicted range | {summary['gain_hits']} | |",
+        "",
+        "## Per scenario",
+        "",
+        "| scenario | label (category / cause) | expected | hermes first | top-1 | top-3 | predicted speedup | measured | error | false alarms |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for o in outcomes:
+        first = o.first[0] if o.first else None
+        said = f"{first['case_id']} ({first['cause']}, {first['severity']})" if first else "-"
+        pred = f"{o.predicted[0]:.2f}-{o.predicted[1]:.2f}x" if o.predicted else "-"
+        meas = f"{o.measured:.2f}x" if o.measured else "-"
+        lines.append(
+            f"| {o.name} | {o.label.get('category')} / {o.label.get('cause')} | {', '.join(o.label.get('expected_cases', [])) or '-'} "
+            f"| {said} | {'yes' if o.top1 else 'no'} | {'yes' if o.top3 else 'no'} | {pred} | {meas} | {pct(o.gain_error)} "
+            f"| {', '.join(o.fixed_high) or 'none'} |"
+        )
+    lines += ["", "## What hermes said first, and why", ""]
+    for o in outcomes:
+        lines.append(f"- **{o.name}**: " + ("; ".join(
+            f"{f['case_id']} {f['cause']} ({f['severity']}, {f['expected_speedup']['low']:.2f}-{f['expected_speedup']['high']:.2f}x)"
+            for f in o.first) or "no finding on the bad variant" if not o.label.get("healthy") else "healthy control"))  # fmt: skip
+    if obs:
+        lines += ["", "## Shared traces (observed labels, not counted)", "",
+                  "| trace | observed | hermes first three |", "|---|---|---|"]  # fmt: skip
+        for rel, cat, what, first in obs:
+            lines.append(f"| {rel} | {cat}: {what} | {'; '.join(first) or '-'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--write", default=None, help="write the Markdown report here")
+    ap.add_argument("--check", action="store_true", help="exit 1 when below the committed baseline")
+    ap.add_argument("--update-baseline", action="store_true")
+    ap.add_argument("--no-shared", action="store_true")
+    args = ap.parse_args()
+    dirs = sorted(p.parent for p in RECORDED.glob("*/label.json"))
+    if not dirs:
+        print("no recorded scenarios under", RECORDED)
+        return 1
+    outcomes = [score_scenario(d) for d in dirs]
+    summary = summarize(outcomes)
+    obs = [] if args.no_shared else observed()
+    text = render(outcomes, summary, obs)
+    if args.write:
+        Path(args.write).write_text(text)
+    print(json.dumps(summary, indent=1))
+    if args.update_baseline:
+        BASELINE.write_text(json.dumps(summary, indent=1) + "\n")
+    if args.check:
+        base = json.loads(BASELINE.read_text())
+        worse = []
+        if summary["top1"] < base["top1"] - 1e-9:
+            worse.append(f"top-1 {summary['top1']:.0%} < baseline {base['top1']:.0%}")
+        if summary["top3"] < base["top3"] - 1e-9:
+            worse.append(f"top-3 {summary['top3']:.0%} < baseline {base['top3']:.0%}")
+        if summary["false_alarms"] > base["false_alarms"]:
+            worse.append(f"false alarms {summary['false_alarms']} > baseline {base['false_alarms']}")
+        if worse:
+            print("accuracy regressed: " + "; ".join(worse))
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
