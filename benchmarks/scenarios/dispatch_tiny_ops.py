@@ -85,7 +85,7 @@ LABEL = Label(
     scenario="dispatch_tiny_ops",
     category="cpu",
     cause="operator_dispatch",
-    expected_cases=["C-CPU-016"],
+    expected_cases=["C-COMP-012", "C-CPU-003"],
     description=(
         "A per-feature-group layer written as a Python loop over 80 tiny (16-element) parameter "
         "pairs: well over 1,000 tiny element-wise operators (forward, backward, per-tensor SGD) per step, "
@@ -93,7 +93,16 @@ LABEL = Label(
         "sets the step time on the CPU."
     ),
     fix="Stack the 80 parameter pairs into one (80, 16) scale and shift: one mul/add/tanh per step.",
-    notes=[],
+    notes=[
+        "Expected cases: C-COMP-012 (many small eager element-wise operators; per-operator dispatch, "
+        "not arithmetic, sets the step time) names the operator_dispatch cause; C-CPU-003 (Python "
+        "between operators) names the other half of the same overhead, the Python loop, and its fix "
+        "'vectorise per-element Python loops with tensor ops' is this scenario's fix. Neither is "
+        "labelled cpu/operator_dispatch exactly (C-COMP-012 is filed under computation): a CPU-side "
+        "'tiny operators, dispatch-bound' case would be the exact match.",
+        "One intra-op thread in both variants (2 shared cores: OpenMP barrier noise under foreign load "
+        "was larger than the effect).",
+    ],
 )
 
 if __name__ == "__main__":

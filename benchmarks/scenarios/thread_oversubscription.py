@@ -18,6 +18,7 @@ and transforms.
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -32,13 +33,10 @@ BATCH = 16
 SIZE = 48
 
 
-def _worker_threads(n: int):
-    def init(worker_id: int) -> None:
-        import torch
+def _set_worker_threads(n: int, worker_id: int) -> None:
+    import torch
 
-        torch.set_num_threads(n)
-
-    return init
+    torch.set_num_threads(n)
 
 
 class AugmentedImages:
@@ -93,7 +91,10 @@ def make_run(variant: str) -> Run:
             num_workers=WORKERS,
             persistent_workers=True,
             prefetch_factor=2,
-            worker_init_fn=_worker_threads(worker_threads),
+            worker_init_fn=functools.partial(_set_worker_threads, worker_threads),
+            # spawn, not fork: GNU OpenMP is not fork-safe, and a worker forked from a trainer
+            # that already ran an 8-thread parallel region deadlocks in its first parallel op
+            multiprocessing_context="spawn",
         )
         state["loader"] = loader
         state["it"] = iter(loader)

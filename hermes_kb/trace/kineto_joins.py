@@ -40,6 +40,8 @@ def collectives(cpu_ops: pd.DataFrame, cpu_args: dict, kernels: pd.DataFrame, ke
         picked = by_cat[names.cat.codes.to_numpy()]
         picked[list(kernel_args)] = True
         k_ts, k_dur = kernels["ts"].to_numpy(), kernels["dur"].to_numpy()
+        k_codes = names.cat.codes.to_numpy()
+        kname_of = names.cat.categories
         k_dev, k_stream, k_ext = (kernels[c].to_numpy() for c in ("device", "stream", "ext_id"))
         for k in np.flatnonzero(picked).tolist():
             src = kernel_args.get(k)
@@ -53,11 +55,12 @@ def collectives(cpu_ops: pd.DataFrame, cpu_args: dict, kernels: pd.DataFrame, ke
                 pidx = j
                 used.add(j)
                 src = src or cpu_args[j]
-            rows.append(_collective_row(src, str(names.iat[k]), "kernel", k, pidx, float(k_ts[k]),
+            rows.append(_collective_row(src, str(kname_of[k_codes[k]]), "kernel", k, pidx, float(k_ts[k]),
                                         float(k_dur[k]), int(k_dev[k]), int(k_stream[k]), int(k_ext[k])))  # fmt: skip
     for i in coll_rows:
         if i not in used:
-            rows.append(_collective_row(cpu_args[i], str(cpu_names.iat[i]), "cpu", -1, i, float(cpu_cols["ts"][i]),
+            rows.append(_collective_row(cpu_args[i], str(cpu_names.cat.categories[cpu_names.cat.codes.iat[i]]), "cpu", -1, i,
+                                        float(cpu_cols["ts"][i]),
                                         float(cpu_cols["dur"][i]), -1, -1, int(cpu_cols["ext_id"][i])))  # fmt: skip
     df = pd.DataFrame(rows, columns=_COLL_COLUMNS)
     for c in ("name", "kind", "source", "collective", "pg_name", "pg_desc", "pg_ranks", "dtype", "in_split",
