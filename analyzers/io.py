@@ -419,6 +419,18 @@ def _gap_python(
     return str(names[m[np.argmax(py_ts[m])]]) if len(m) else None
 
 
+# Python frames that block on files, storage, sockets or the clock (with_stack names):
+# builtins such as open/fsync/sleep, file and pickler methods, torch.save/load, logging, json/pickle.
+PYTHON_IO_RE = re.compile(
+    r"^<built-in function (open|fsync|fdatasync|sleep|select|poll)>"
+    r"|^<built-in method (write|writelines|flush|read|readinto|readline|readlines|close|dump|dumps|load|"
+    r"write_record|write_end_of_file|send|sendall|recv|recv_into) of "
+    r"|torch/serialization\.py\(\d+\): (save|load|_save|_load)\b"
+    r"|logging/__init__\.py\(\d+\): (emit|flush|handle)\b"
+    r"|(^|/)(pickle|json/__init__|shutil|gzip|tarfile|zipfile|socket|ssl)\.py\("
+)
+
+
 def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
     tr = ctx.trace
     ops, ann, py = tr.cpu_ops, tr.annotations, tr.python
@@ -440,6 +452,8 @@ def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
     py_ts = py["ts"].to_numpy()[pmask] if len(py) else np.zeros(0)
     py_end = py["end"].to_numpy()[pmask] if len(py) else np.zeros(0)
     py_names = py["name"].to_numpy()[pmask] if len(py) else np.zeros(0, dtype=object)
+    io_mask = pmask & name_mask(py["name"], PYTHON_IO_RE) if len(py) else np.zeros(0, bool)
+    P_io = iv.union(py["ts"].to_numpy()[io_mask], py["end"].to_numpy()[io_mask]) if len(py) else iv.EMPTY
 
     def label(j: int) -> str:
         src, row = c_src[j], c_row[j]
@@ -465,6 +479,7 @@ def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
         gs, ge = gs[keep], ge[keep]
         glen = ge - gs
         py_part = iv.overlap_length(gs, ge, P) if len(gs) else np.zeros(0)
+        io_part = iv.overlap_length(gs, ge, P_io) if len(gs) else np.zeros(0)
         top = np.argsort(-glen, kind="stable")[:TOP_GAPS]
         gaps = []
         for j in top:
@@ -474,6 +489,7 @@ def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
                                 untraced_us=float(glen[j] - py_part[j])))  # fmt: skip
         large = glen >= LARGE_GAP_US
         rows.append({"step": w.step, "window": b - a, "outside": float(glen.sum()), "py": float(py_part.sum()),
+                     "io": float(io_part.sum()),
                      "n": len(glen), "nl": int(large.sum()), "ll": float(glen[large].sum()), "gaps": gaps})  # fmt: skip
     if not rows:
         return []
@@ -482,8 +498,10 @@ def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
         win = sum(r["window"] for r in rs)
         out = sum(r["outside"] for r in rs)
         pyt = min(sum(r["py"] for r in rs), out)
+        pio = min(sum(r["io"] for r in rs), pyt)
         return UntracedHostTime(
             rank=tr.rank, step=step, window_us=win, outside_ops_us=out, python_us=pyt, untraced_us=out - pyt,
+            python_io_us=pio, python_io_ratio=div(pio, win), python_io_share_ratio=div(pio, pyt),
             outside_ops_ratio=div(out, win), python_ratio=div(pyt, win), untraced_ratio=div(out - pyt, win),
             gaps_count=sum(r["n"] for r in rs), large_gap_threshold_us=LARGE_GAP_US,
             large_gaps_count=sum(r["nl"] for r in rs), large_gaps_us=sum(r["ll"] for r in rs),

@@ -3,8 +3,8 @@
 Expected gain of a finding: the per-step time R the case's optimization can remove (a field
 the case names, taken from overlap / critical-path / exposed-time facts, never a raw total),
 the step time T it is part of, and the case's fraction range [f_lo, f_hi] of R the fix
-removes: speedup = T / (T - f * R). Severity is by the share R / T of the step at stake:
-high >= 10%, medium >= 3%, low below (docs/advice.md explains the choice).
+removes: speedup = T / (T - f * R). Severity is by the share of the step at stake, the most
+the fix can remove, f_hi * R / T: high >= 10%, medium >= 3%, low below (docs/advice.md).
 """
 
 from __future__ import annotations
@@ -177,6 +177,11 @@ def findings_from(inf: Inference, kb: KnowledgeBase, platform: str) -> list[Find
         sp_lo = t / max(t - lo * r, 1e-9)
         sp_hi = t / max(t - hi * r, 1e-9)
         share = r / t
+        # at stake: what the fix can remove at best, as a share of the step
+        at_stake = hi * r / t
+        severity = severity_of(at_stake)
+        if case.max_severity is not None and SEVERITY_ORDER[severity] > SEVERITY_ORDER[case.max_severity]:
+            severity = case.max_severity
         ranks = sorted({v.get("rank") for m in matches for v in m.bindings.values() if v.get("rank") is not None})
         steps = sorted({v.get("step") for m in matches for v in m.bindings.values() if v.get("step") is not None})
         best = max(matches, key=lambda m: sum(1 for v in m.bindings.values() if v.get("step") is None))
@@ -192,7 +197,7 @@ def findings_from(inf: Inference, kb: KnowledgeBase, platform: str) -> list[Find
                 title=case.title,
                 category=case.category,
                 cause=case.cause,
-                severity=severity_of(share),
+                severity=severity,
                 confidence=round(min(confidence, 0.95), 2),
                 expected_speedup=Speedup(low=round(sp_lo, 3), high=round(sp_hi, 3)),
                 time_at_stake_us=round(r, 3),

@@ -253,3 +253,25 @@ def test_every_real_trace(path):
                 assert f.copies_count > 0 and f.copied_bytes >= 0
         n_step = sum(1 for f in A.per_rank(ctx) if f.step is not None)
         assert n_step <= 2 * A.MAX_STEP_FACTS
+
+
+def test_python_io_time_is_separated_from_other_python(tmp_path):
+    # step [0, 1000): ops cover [0, 100) and [900, 1000); between them Python runs for 800 µs,
+    # of which fsync [300, 500) and a write [600, 650) block on I/O: 250 µs of I/O, 800 of Python
+    from analyzers.steps import step_context
+    from analyzers import io as io_an
+
+    ev = [
+        X("user_annotation", "ProfilerStep#1", 0, 1000),
+        X("cpu_op", "aten::mm", 0, 100),
+        X("cpu_op", "aten::add", 900, 100),
+        X("python_function", "train.py(10): step", 100, 800, args={"Python id": 1}),
+        X("python_function", "<built-in function fsync>", 300, 200, args={"Python id": 2, "Python parent id": 1}),
+        X("python_function", "<built-in method write of _io.TextIOWrapper object at 0x1>", 600, 50,
+          args={"Python id": 3, "Python parent id": 1}),  # fmt: skip
+    ]
+    t = next(iter(hermes_kb.load(write_trace(tmp_path / "t.json", ev))))
+    ctx, _ = step_context(t)
+    u = next(f for f in io_an.per_rank(ctx) if f.kind == "untraced_host_time" and f.step is None)
+    assert u.python_us == 800.0 and u.python_io_us == 250.0
+    assert u.python_io_share_ratio == pytest.approx(250 / 800) and u.python_io_ratio == pytest.approx(250 / 1000)

@@ -107,6 +107,13 @@ class UntracedHostTime(Fact):
     outside_ops_us: float = us("time with no cpu op and no user annotation on the host threads")
     python_us: float = us("part of outside_ops_us covered by python_function events")
     untraced_us: float = us("part of outside_ops_us covered by no python_function either")
+    python_io_us: float = us(
+        "part of python_us inside Python frames that block on I/O or the clock: open/write/flush/fsync/sleep, "
+        "pickler dump/load, torch.save/load, logging handlers, socket calls (analyzers/io.py PYTHON_IO_RE)",
+        default=0.0,
+    )
+    python_io_ratio: float = ratio("python_io_us / window_us", default=0.0)
+    python_io_share_ratio: float = ratio("python_io_us / python_us: how much of the Python time is blocking I/O", default=0.0)
     outside_ops_ratio: float = ratio("outside_ops_us / window_us")
     python_ratio: float = ratio("python_us / window_us")
     untraced_ratio: float = ratio("untraced_us / window_us")

@@ -126,6 +126,10 @@ class Case(BaseModel):
     conditions: list[Pattern] = Field(min_length=1)
     optimizations: list[Optimization] = Field(min_length=1)
     gain: Gain
+    max_severity: Level | None = Field(
+        default=None,
+        description="cap for cases that name what bounds the step (an umbrella symptom) rather than a defect",
+    )
     explanation: str = Field(description="jinja2 template over the bindings, e.g. {{ d.wait_us | ms }}")
     references: list[str] = Field(min_length=1)
     examples: Examples
