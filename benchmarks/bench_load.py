@@ -95,7 +95,12 @@ def bench_ranks(path: Path, n: int = 8) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(n):
             os.symlink(path, Path(tmp) / f"rank{r}.json.gz")
-        one = min(_time(lambda: hermes_kb.load(Path(tmp) / "rank0.json.gz")) for _ in range(2))
+        # one rank in one process (a lone big file would otherwise use the second core too)
+        os.environ["HERMES_NO_SPLIT"] = "1"
+        try:
+            one = min(_time(lambda: hermes_kb.load(Path(tmp) / "rank0.json.gz")) for _ in range(2))
+        finally:
+            del os.environ["HERMES_NO_SPLIT"]
         many = min(_time(lambda: hermes_kb.load(tmp)) for _ in range(2))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"one_rank_s": one, f"{n}_ranks_s": many, "ratio": many / one, "cores": cores}

@@ -92,7 +92,8 @@ def score_scenario(d: Path) -> Outcome:
         hit = next((f for f in fs if _matches(f, label)), None)
         if hit is not None:
             out.predicted = (hit["expected_speedup"]["low"], hit["expected_speedup"]["high"])
-        out.measured = label.get("speedup_of_fix")
+        # per-sample throughput where the fix changes the work per step (small batch)
+        out.measured = label.get("throughput_speedup") or label.get("speedup_of_fix")
     for variant in ("fixed", "bad") if healthy else ("fixed",):
         p = d / f"{variant}.json.gz"
         if p.is_file():
@@ -166,6 +167,9 @@ def render(outcomes: list[Outcome], summary: dict, obs) -> str:
         lines.append(f"- **{o.name}**: " + ("; ".join(
             f"{f['case_id']} {f['cause']} ({f['severity']}, {f['expected_speedup']['low']:.2f}-{f['expected_speedup']['high']:.2f}x)"
             for f in o.first) or "no finding on the bad variant" if not o.label.get("healthy") else "healthy control"))  # fmt: skip
+    notes = ROOT / "benchmarks/accuracy_notes.md"
+    if notes.is_file():
+        lines += ["", notes.read_text().strip()]
     if obs:
         lines += ["", "## Shared traces (observed labels, not counted)", "",
                   "| trace | observed | hermes first three |", "|---|---|---|"]  # fmt: skip
