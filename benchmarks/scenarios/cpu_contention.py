@@ -4,14 +4,14 @@
 Injected problem (variant "bad"): while the model trains, two unrelated processes (started in
 setup with multiprocessing, stopped in teardown) run busy loops, one per core of this 2-core
 machine, as a co-located job, a stray evaluation script or a runaway preprocessing process
-would. The training process keeps PyTorch's default configuration (one intra-op thread per
-core), so its operators now share every core with a spinning process: they run longer, and the
-process is descheduled between operators.
+would. The training process (one intra-op thread) now shares the two cores with two spinning
+processes: the scheduler gives it about two thirds of a core, so its operators run longer and
+it is descheduled between operators.
 
 Fix (variant "fixed"): nothing else runs; same model, data and configuration.
 
 Model: a small CNN (conv 3->16->32, two linear layers) trained with SGD+momentum on synthetic
-3x32x32 images held in memory (a TensorDataset with num_workers=0), batch 32. Seeds are fixed.
+3x32x32 images held in memory (each step slices its batch), batch 32. Seeds are fixed.
 
 Expected diagnosis: category cpu, cause resource_contention. A trace records only the
 profiled process, so the competing processes are invisible; their effect is operators that take
@@ -25,13 +25,11 @@ C-CPU-018 is a proposal (see the label notes).
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import sys
 from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).parent))
 import common  # noqa: E402
@@ -40,11 +38,13 @@ from common import Label, Run  # noqa: E402
 NAME = "cpu_contention"
 SEED = 0
 BATCH = 32
+STEPS_OF_DATA = 16
 SPINNERS = 2  # one busy process per core of the 2-core machine
 
-# PyTorch's default: as many intra-op threads as cores (set explicitly so the run is the same
-# whatever the environment says)
-torch.set_num_threads(os.cpu_count() or 1)
+# one intra-op thread: with two OpenMP threads on this shared 2-core machine, any load from other
+# sessions (there is some) stalls the threads at their barriers and wrecks the fixed run too; one
+# thread keeps the fixed twin stable and leaves the spinners as the only injected difference
+torch.set_num_threads(1)
 
 
 def _spin() -> None:
@@ -72,8 +72,9 @@ def make_model() -> nn.Module:
 def make_run(variant: str) -> Run:
     torch.manual_seed(SEED)
     g = torch.Generator().manual_seed(SEED)
-    data = TensorDataset(torch.randn(BATCH * 16, 3, 32, 32, generator=g), torch.randint(0, 10, (BATCH * 16,), generator=g))
-    loader = DataLoader(data, batch_size=BATCH, shuffle=True, num_workers=0, generator=g)
+    n = BATCH * STEPS_OF_DATA
+    images = torch.randn(n, 3, 32, 32, generator=g)  # in memory, shuffled once
+    labels = torch.randint(0, 10, (n,), generator=g)
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
@@ -86,14 +87,10 @@ def make_run(variant: str) -> Run:
                 p = ctx.Process(target=_spin, daemon=True)
                 p.start()
                 state["procs"].append(p)
-        state["it"] = iter(loader)
 
     def step(i: int) -> None:
-        try:
-            x, y = next(state["it"])
-        except StopIteration:
-            state["it"] = iter(loader)
-            x, y = next(state["it"])
+        j = (i % STEPS_OF_DATA) * BATCH
+        x, y = images[j : j + BATCH], labels[j : j + BATCH]
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)
         loss.backward()
@@ -105,7 +102,6 @@ def make_run(variant: str) -> Run:
         for p in state["procs"]:
             p.join(timeout=5)
         state["procs"].clear()
-        state.pop("it", None)
 
     return Run(step=step, setup=setup, teardown=teardown, samples_per_step=BATCH)
 
@@ -117,8 +113,8 @@ LABEL = Label(
     expected_cases=["C-CPU-018"],
     description=(
         "Two co-located busy-loop processes (one per core) run during training; the training "
-        "process (a small CNN, batch 32, default intra-op threads = 2) shares every core with "
-        "them, so its operators take longer and it is descheduled between them."
+        "process (a small CNN, batch 32, one intra-op thread) shares the two cores with them, "
+        "so its operators take longer and it is descheduled between them."
     ),
     fix="no other CPU-bound process on the training process's cores",
     notes=[

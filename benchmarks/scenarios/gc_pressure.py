@@ -58,7 +58,9 @@ torch.set_num_threads(1)
 
 def build_manifest() -> list[dict]:
     """The dataset's annotation index: long-lived Python containers (dicts and lists)."""
-    return [{"path": f"img/{i:07d}.jpg", "label": i % 10, "boxes": [[float(i % 7), 2.0]]} for i in range(MANIFEST)]
+    return [
+        {"path": f"img/{i:07d}.jpg", "label": i % 10, "boxes": [[float(i % 7), 2.0]]} for i in range(MANIFEST)
+    ]
 
 
 def parse_batch(manifest: list[dict], idx: list[int]) -> list[int]:

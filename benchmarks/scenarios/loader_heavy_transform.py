@@ -57,7 +57,11 @@ class HeavyTransformDataset(Dataset):
         img = raw.astype(np.float32) * (1.0 / 255.0)
         for _ in range(BLUR_PASSES):
             img[:, 1:-1, 1:-1] = 0.2 * (
-                img[:, 1:-1, 1:-1] + img[:, :-2, 1:-1] + img[:, 2:, 1:-1] + img[:, 1:-1, :-2] + img[:, 1:-1, 2:]
+                img[:, 1:-1, 1:-1]
+                + img[:, :-2, 1:-1]
+                + img[:, 2:, 1:-1]
+                + img[:, 1:-1, :-2]
+                + img[:, 1:-1, 2:]
             )
         img = np.power(img, np.float32(0.8 + 0.4 * rng.random()))
         img = np.tanh(np.sin(img * 3.0) + np.cos(img * 2.0))
@@ -94,7 +98,9 @@ def make_run(variant: str) -> Run:
     loss_fn = nn.CrossEntropyLoss()
     gen = torch.Generator().manual_seed(SEED)
     if variant == "bad":
-        loader = DataLoader(HeavyTransformDataset(), batch_size=BATCH, shuffle=True, num_workers=0, generator=gen)
+        loader = DataLoader(
+            HeavyTransformDataset(), batch_size=BATCH, shuffle=True, num_workers=0, generator=gen
+        )
     else:
         loader = DataLoader(
             HeavyTransformDataset(),

@@ -63,7 +63,11 @@ class TransformDataset(Dataset):
         img = raw.astype(np.float32) * (1.0 / 255.0)
         for _ in range(BLUR_PASSES):
             img[:, 1:-1, 1:-1] = 0.2 * (
-                img[:, 1:-1, 1:-1] + img[:, :-2, 1:-1] + img[:, 2:, 1:-1] + img[:, 1:-1, :-2] + img[:, 1:-1, 2:]
+                img[:, 1:-1, 1:-1]
+                + img[:, :-2, 1:-1]
+                + img[:, 2:, 1:-1]
+                + img[:, 1:-1, :-2]
+                + img[:, 1:-1, 2:]
             )
         img = np.power(img, np.float32(0.8 + 0.4 * rng.random()))
         img = np.tanh(np.sin(img * 3.0) + np.cos(img * 2.0))
@@ -148,8 +152,9 @@ LABEL = Label(
         "C-IO-006 (the same wait, periodic every N steps) also counts as a hit.",
         "On 2 cores the per-batch CPU cost (~1.3 ms x 32 samples) is several times the model "
         "step's, so the unpinned (fixed) loader does not keep up either: its trace still shows "
-        "worker wait (C-IO-003 is expected there too, at a lower share); unpinning halves the "
-        "step, more cores and workers would be the next fix.",
+        "worker wait and C-IO-003 is expected there too (the step is shorter, the share of it "
+        "spent waiting is not smaller); unpinning halves the step, more cores and workers would "
+        "be the next fix.",
     ],
 )
 

@@ -126,7 +126,23 @@ LABEL = Label(
         "operator stalls at its barriers."
     ),
     fix="torch.set_num_threads(1) in the trainer and 1 thread per worker (fits the 2 cores).",
-    notes=[],
+    notes=[
+        "No hermes case describes thread oversubscription; C-CPU-017 is the proposed id (cause "
+        "resource_contention; the cpu_contention scenario proposes C-CPU-018 for contention by other "
+        "processes, and one contention case could cover both). The trace records neither the intra-op "
+        "thread count nor the worker processes; the signature is the same operators taking several "
+        "times longer than in a healthy run (here conv ops 9.0 ms mean vs 1.45 ms in the fixed trace, "
+        "the same shapes) with the critical path made of operators.",
+        "C-COMP-011 (CPU training bound by matmuls/convolutions) fires on both bad and fixed; its first "
+        "optimisation (threads + DataLoader workers must not exceed the physical cores) is this fix, "
+        "but its diagnosis is not the cause, so it is not listed as expected.",
+        "Side measurement (same script, 12 steps): trainer 2 threads (= cores, PyTorch's default here) + "
+        "workers at 1 thread was slowest of all, ~430 ms/step vs ~150 ms for 8+8 and ~90 ms for 1+1: "
+        "libgomp spins at its barriers when threads <= cores, and only throttles spinning when threads "
+        "exceed the cores.",
+        "Workers are started with the spawn context: GNU OpenMP is not fork-safe, and a worker forked "
+        "from a trainer that already ran an 8-thread parallel region deadlocks in its first parallel op.",
+    ],
 )
 
 if __name__ == "__main__":
