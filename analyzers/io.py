@@ -439,10 +439,14 @@ def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
     # covering events: top-level cpu ops and non-step annotations on the host threads
     om = (ops["depth"].to_numpy() == 0) & on_tids(ops, tids) if len(ops) else np.zeros(0, bool)
     am = on_tids(ann, tids) & (ann["kind"] != "step").to_numpy() if len(ann) else np.zeros(0, bool)
-    c_ts = np.concatenate([ops["ts"].to_numpy()[om], ann["ts"].to_numpy()[am]])
-    c_end = np.concatenate([ops["end"].to_numpy()[om], ann["end"].to_numpy()[am]])
-    c_src = np.concatenate([np.zeros(int(om.sum()), np.int8), np.ones(int(am.sum()), np.int8)])
-    c_row = np.concatenate([np.flatnonzero(om), np.flatnonzero(am)])
+    # Python GC pauses are accounted for by the gc_pauses fact: they cover host time like an
+    # operator does, so they are neither "Python between operators" nor untraced here
+    gm = on_tids(py, tids) & name_is(py["name"], "Python GC") if len(py) else np.zeros(0, bool)
+    c_ts = np.concatenate([ops["ts"].to_numpy()[om], ann["ts"].to_numpy()[am], py["ts"].to_numpy()[gm]])
+    c_end = np.concatenate([ops["end"].to_numpy()[om], ann["end"].to_numpy()[am], py["end"].to_numpy()[gm]])
+    c_src = np.concatenate([np.zeros(int(om.sum()), np.int8), np.ones(int(am.sum()), np.int8),
+                            np.full(int(gm.sum()), 2, np.int8)])  # fmt: skip
+    c_row = np.concatenate([np.flatnonzero(om), np.flatnonzero(am), np.flatnonzero(gm)])
     cover = iv.union(c_ts, c_end)
     by_end = np.argsort(c_end, kind="stable")
     by_ts = np.argsort(c_ts, kind="stable")
@@ -457,7 +461,7 @@ def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
 
     def label(j: int) -> str:
         src, row = c_src[j], c_row[j]
-        return str((ops if src == 0 else ann)["name"].iat[row])
+        return str((ops, ann, py)[src]["name"].iat[row])
 
     def around(a: float, b: float) -> tuple[str | None, str | None]:
         i = np.searchsorted(end_sorted, a, side="right") - 1
