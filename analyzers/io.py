@@ -295,7 +295,13 @@ def _dataloader(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
             selfus = python_self_us(py)[pmask]
             st = ctx.step_of(sub["ts"].to_numpy())
             is_io = name_mask(sub["name"], IO_PY)
-            is_wait = name_mask(sub["name"], WAIT_PY) & ~is_io
+            # a read called by a multiprocessing connection / queue frame is a worker's batch
+            # arriving over its pipe (waiting for the worker), not storage being read
+            wait_frame = name_mask(py["name"], WAIT_PY)
+            wait_ids = set(py["py_id"].to_numpy()[wait_frame & (py["py_id"].to_numpy() >= 0)].tolist())
+            in_pipe = np.fromiter((p in wait_ids for p in sub["parent_id"].to_numpy().tolist()), bool, len(sub))
+            is_io = is_io & ~in_pipe
+            is_wait = (name_mask(sub["name"], WAIT_PY) | in_pipe) & ~is_io
             pos, ok = step_pos(steps, st)
             np.add.at(io_self, pos[ok & is_io], selfus[ok & is_io])
             np.add.at(wait_self, pos[ok & is_wait], selfus[ok & is_wait])

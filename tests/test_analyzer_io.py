@@ -275,3 +275,21 @@ def test_python_io_time_is_separated_from_other_python(tmp_path):
     u = next(f for f in io_an.per_rank(ctx) if f.kind == "untraced_host_time" and f.step is None)
     assert u.python_us == 800.0 and u.python_io_us == 250.0
     assert u.python_io_share_ratio == pytest.approx(250 / 800) and u.python_io_ratio == pytest.approx(250 / 1000)
+
+
+def test_pipe_reads_from_worker_handoff_are_worker_wait_not_reading(tmp_path):
+    # a multi-process iterator whose only Python work is a read() called by multiprocessing's
+    # connection._recv: a batch arriving from a worker (worker wait), not storage reading
+    ev = [
+        X("user_annotation", "ProfilerStep#1", 0, 1000),
+        X("user_annotation", "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", 0, 600),
+        X("python_function", "multiprocessing/connection.py(379): _recv", 10, 500, args={"Python id": 1}),
+        X("python_function", "<built-in function read>", 20, 480, args={"Python id": 2, "Python parent id": 1}),
+        X("cpu_op", "aten::mm", 700, 100),
+    ]
+    from analyzers.steps import step_context
+
+    t = next(iter(hermes_kb.load(write_trace(tmp_path / "t.json", ev))))
+    ctx, _ = step_context(t)
+    d = next(f for f in A.per_rank(ctx) if f.kind == "dataloader_wait" and f.step is None)
+    assert d.reading_us == 0.0 and d.worker_wait_us >= 480.0
