@@ -6,28 +6,48 @@ The stable Python API (see docs/api.md):
     bundle = hermes_kb.load("trace.json.gz")        # -> TraceBundle
     facts = hermes_kb.analyze(bundle)               # -> list[Fact]
     report = hermes_kb.advise(bundle)               # -> Report (findings, expected speedups)
+
+Names are imported on first use, so that light parts (``hermes_kb.monitor``, the errors)
+import without pandas or the rules engine.
 """
+
+from importlib import import_module
+
+from .errors import BadTraceError, HermesError, InputNotFoundError, NoTracesError
 
 __version__ = "0.1.0"
 
-from .advisor import advise
-from .analysis import analyze
-from .errors import BadTraceError, HermesError, InputNotFoundError, NoTracesError
-from .facts import FACT_TYPES, Fact
-from .trace import RankTrace, TraceBundle, load
+_LAZY = {
+    "advise": ("advisor", "advise"),
+    "analyze": ("analysis", "analyze"),
+    "load": ("trace", "load"),
+    "TraceBundle": ("trace", "TraceBundle"),
+    "RankTrace": ("trace", "RankTrace"),
+    "FACT_TYPES": ("facts", "FACT_TYPES"),
+    "Fact": ("facts", "Fact"),
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        value = getattr(import_module(f"{__name__}.{module}"), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
     "FACT_TYPES",
-    "Fact",
-    "advise",
-    "analyze",
     "BadTraceError",
+    "Fact",
     "HermesError",
     "InputNotFoundError",
     "NoTracesError",
     "RankTrace",
     "TraceBundle",
-    "load",
     "__version__",
+    "advise",
+    "analyze",
+    "load",
 ]

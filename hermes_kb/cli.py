@@ -250,6 +250,58 @@ def kb_explain(
     typer.echo(explain(kb, item, facts))
 
 
+monitor_app = typer.Typer(help="The always-on training monitor's logs (hermes_kb.monitor).", no_args_is_help=True)
+app.add_typer(monitor_app, name="monitor")
+
+
+@monitor_app.command("profile")
+def monitor_profile(
+    run_dir: Annotated[Path, typer.Argument(help="the running job's monitor RUN_DIR")],
+    steps: Annotated[int, typer.Option("--steps", min=1, help="steps to capture")] = 3,
+) -> None:
+    """Ask every rank of a running job to capture the next STEPS steps with torch.profiler."""
+    from .errors import InputNotFoundError
+    from .monitor.capture import write_request
+
+    if not run_dir.is_dir():
+        _fail(InputNotFoundError("no such directory", str(run_dir)))
+    req = write_request(run_dir, steps)
+    typer.echo(f"requested capture {req['id']} of {steps} step(s); each rank writes rank<R>.capture{req['id']}.json.gz")
+
+
+@monitor_app.command("status")
+def monitor_status(
+    run_dir: Annotated[Path, typer.Argument(help="the monitor's RUN_DIR (rank<R>.jsonl files)")],
+    fmt: Annotated[Format, typer.Option("--format", "-f")] = Format.table,
+) -> None:
+    """Ranks, last step, median step time, data wait and GC shares, recent fluctuations."""
+    from .errors import InputNotFoundError, NoTracesError
+    from .monitor.logs import status
+
+    if not run_dir.is_dir():
+        _fail(InputNotFoundError("no such directory", str(run_dir)))
+    rows = status(run_dir)
+    if not rows:
+        _fail(NoTracesError("no monitor logs (rank<R>.jsonl)", str(run_dir)))
+    if fmt is Format.json:
+        typer.echo(json.dumps(rows, indent=1))
+        return
+    from rich.table import Table
+
+    from .render.inspect_table import console_for_output
+
+    table = Table(title=f"monitor: {run_dir}", title_justify="left")
+    for col in ("rank", "steps", "last step", "median step", "data wait", "GC", "fluctuations", "recent", "finished"):
+        table.add_column(col)
+    for r in rows:
+        pct = lambda x: "-" if x is None else f"{x:.1%}"  # noqa: E731
+        table.add_row(str(r["rank"]), str(r["steps"]), str(r["last_step"]),
+                      "-" if r["median_step_s"] is None else f"{r['median_step_s'] * 1e3:,.1f} ms",
+                      pct(r["data_wait_ratio"]), pct(r["gc_pause_ratio"]), str(r["fluctuations"]),
+                      ", ".join(map(str, r["recent_fluctuations"])) or "-", "yes" if r["finished"] else "no")  # fmt: skip
+    console_for_output().print(table)
+
+
 schema_app = typer.Typer(help="JSON Schemas of what hermes reads and writes.", no_args_is_help=True)
 app.add_typer(schema_app, name="schema")
 

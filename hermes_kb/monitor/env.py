@@ -1,0 +1,58 @@
+"""What of the environment matters for performance, captured once per run."""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import sys
+
+ENV_PREFIXES = ("NCCL_", "HCCL_", "TORCH_", "CUDA_", "ASCEND_", "OMP_", "MKL_", "KMP_", "PYTORCH_", "TORCHINDUCTOR_")
+ENV_NAMES = ("OMP_NUM_THREADS", "CUDA_LAUNCH_BLOCKING", "ASCEND_LAUNCH_BLOCKING", "PYTORCH_CUDA_ALLOC_CONF",
+             "TASK_QUEUE_ENABLE", "CPU_AFFINITY_CONF", "ASCEND_GLOBAL_LOG_LEVEL", "WORLD_SIZE", "LOCAL_WORLD_SIZE")  # fmt: skip
+
+
+def environment() -> dict:
+    env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
+    versions = {"python": platform.python_version()}
+    torch = sys.modules.get("torch")  # never import torch just to read its version
+    if torch is not None:
+        versions["torch"] = getattr(torch, "__version__", "?")
+        cuda = getattr(getattr(torch, "version", None), "cuda", None)
+        if cuda:
+            versions["cuda"] = cuda
+        try:
+            if torch.cuda.is_available():
+                versions["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:
+            pass
+    npu = sys.modules.get("torch_npu")
+    if npu is not None:
+        versions["torch_npu"] = getattr(npu, "__version__", "?")
+    try:
+        affinity = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = None
+    return {
+        "versions": versions,
+        "env": env,
+        "gc_thresholds": list(gc.get_threshold()),
+        "gc_enabled": gc.isenabled(),
+        "cpu_count": os.cpu_count(),
+        "affinity": affinity,
+        "platform": platform.platform(),
+        "pid": os.getpid(),
+    }
+
+
+def detect_rank() -> int:
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except Exception:
+        pass
+    for key in ("RANK", "LOCAL_RANK"):
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    return 0

@@ -1,0 +1,161 @@
+"""The always-on monitor: light import, one JSON line per step, GC and data wait, fluctuations."""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+import time
+
+from hermes_kb.monitor import Monitor, RollingDetector
+
+
+def test_monitor_imports_without_heavy_dependencies():
+    code = "import sys, hermes_kb.monitor; print(sorted(m for m in ('pandas', 'durable', 'numpy', 'jinja2') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_records_steps_data_wait_gc_and_a_fluctuation(tmp_path):
+    def slow_loader():
+        for i in range(40):
+            time.sleep(0.004)  # 4 ms blocked in next() per batch
+            yield i
+
+    with Monitor(tmp_path, rank=3, samples_per_step=32, sample_every=10) as mon:
+        for i in mon.wrap(slow_loader()):
+            time.sleep(0.05 if i == 30 else 0.002)
+            if i == 10:
+                gc.collect()
+            mon.step()
+    lines = [json.loads(x) for x in (tmp_path / "rank3.jsonl").read_text().splitlines()]
+    env, steps, end = lines[0], lines[1:-1], lines[-1]
+    assert env["type"] == "environment" and env["rank"] == 3 and "gc_thresholds" in env and "python" in env["versions"]
+    assert [s["step"] for s in steps] == list(range(40)) and end["steps"] == 40
+    assert all(0.0035 <= s["data_wait_s"] <= s["wall_s"] for s in steps)
+    assert steps[10]["gc_count"] >= 1 and steps[10]["gc_pause_s"] > 0
+    assert steps[30]["fluctuation"] and sum(s["fluctuation"] for s in steps) <= 2
+    assert abs(steps[5]["samples_per_s"] - 32 / steps[5]["wall_s"]) < 1e-6
+    assert "rss_bytes" in steps[10] and "process_cpu_cores" in steps[10] and "rss_bytes" not in steps[11]
+
+
+def test_detector_is_robust_and_bounded():
+    d = RollingDetector(window=16, k=5.0)
+    flags = [d.update(0.010 + 0.0001 * (i % 3))[0] for i in range(100_000)]
+    assert not any(flags) and len(d.times) == 16
+    assert d.update(0.030)[0]
+
+
+def test_monitor_status_cli(tmp_path):
+    with Monitor(tmp_path, rank=0) as mon:
+        for _ in range(12):
+            mon.step()
+    out = subprocess.run([sys.executable, "-m", "hermes_kb.cli", "monitor", "status", str(tmp_path), "-f", "json"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 0
+    rows = json.loads(out.stdout)
+    assert rows[0]["steps"] == 12 and rows[0]["last_step"] == 11 and rows[0]["finished"]
+    missing = subprocess.run([sys.executable, "-m", "hermes_kb.cli", "monitor", "status", str(tmp_path / "nope")],
+                             capture_output=True, text=True)  # fmt: skip
+    assert missing.returncode == 3 and "no such directory" in missing.stderr
+
+
+class FakeProfiler:
+    """Stands in for torch.profiler.profile (torch is not a test dependency)."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def __enter__(self):
+        self.log.append("start")
+        return self
+
+    def step(self):
+        self.log.append("step")
+
+    def __exit__(self, *a):
+        self.log.append("stop")
+
+    def export_chrome_trace(self, path):
+        with open(path, "w") as fh:
+            json.dump({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5,
+                                        "pid": 1, "tid": 1}]}, fh)  # fmt: skip
+
+
+def test_capture_on_request_without_restart(tmp_path):
+    from hermes_kb.monitor.capture import write_request
+
+    calls: list[str] = []
+    with Monitor(tmp_path, rank=1, poll_s=0.01, profiler_factory=lambda: FakeProfiler(calls)) as mon:
+        for _ in range(3):
+            mon.step()
+        req = write_request(tmp_path, steps=2)
+        time.sleep(0.1)  # the watcher thread notices the request
+        for _ in range(5):
+            mon.step()
+    # started at the boundary after step 3, one profiler step mark per captured step (4 and 5),
+    # stopped after 2 steps, trace written next to the log
+    assert calls == ["start", "step", "step", "stop"]
+    trace = tmp_path / f"rank1.capture{req['id']}.json.gz"
+    assert trace.is_file()
+    import hermes_kb
+
+    assert len(next(iter(hermes_kb.load(trace))).cpu_ops) == 1  # a trace hermes reads
+    lines = [json.loads(x) for x in (tmp_path / "rank1.jsonl").read_text().splitlines()]
+    caps = [x for x in lines if x["type"] == "capture"]
+    assert len(caps) == 1 and caps[0]["trace"] == str(trace) and caps[0]["step"] == 5
+
+
+def test_auto_capture_on_fluctuation_within_budget(tmp_path):
+    calls: list[str] = []
+    with Monitor(tmp_path, rank=0, auto_capture=True, captures_per_hour=1, poll_s=5,
+                 profiler_factory=lambda: FakeProfiler(calls)) as mon:  # fmt: skip
+        for i in range(60):
+            time.sleep(0.03 if i in (20, 40) else 0.002)
+            mon.step()
+    lines = [json.loads(x) for x in (tmp_path / "rank0.jsonl").read_text().splitlines()]
+    caps = [x for x in lines if x["type"] == "capture"]
+    assert len(caps) == 1 and caps[0]["reason"].startswith("fluctuation at step 20")  # budget: 1 per hour
+    assert calls.count("start") == 1
+
+
+def test_capture_without_torch_is_reported_not_raised(tmp_path):
+    from hermes_kb.monitor.capture import write_request
+
+    def broken():
+        raise ModuleNotFoundError("No module named 'torch'")
+
+    with Monitor(tmp_path, rank=0, poll_s=0.01, profiler_factory=broken) as mon:
+        mon.step()
+        write_request(tmp_path, steps=1)
+        time.sleep(0.1)
+        mon.step()
+        mon.step()
+    lines = [json.loads(x) for x in (tmp_path / "rank0.jsonl").read_text().splitlines()]
+    assert any(x["type"] == "capture" and "torch" in x.get("error", "") for x in lines)
+
+
+def test_real_torch_capture(tmp_path):
+    import pytest
+
+    torch = pytest.importorskip("torch", reason="torch is an optional extra (pip install 'hermes-kb[torch]')")
+    from hermes_kb.monitor.capture import write_request
+
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Monitor(tmp_path, rank=0, poll_s=0.01) as mon:
+        for i in range(8):
+            if i == 2:
+                write_request(tmp_path, steps=2)
+                time.sleep(0.1)
+            loss = model(torch.randn(32, 64)).sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            mon.step()
+    import hermes_kb
+
+    (trace,) = tmp_path.glob("rank0.capture*.json.gz")
+    t = next(iter(hermes_kb.load(trace)))
+    assert len(t.cpu_ops) > 0
