@@ -25,7 +25,7 @@ def test_records_steps_data_wait_gc_and_a_fluctuation(tmp_path):
 
     with Monitor(tmp_path, rank=3, samples_per_step=32, sample_every=10) as mon:
         for i in mon.wrap(slow_loader()):
-            time.sleep(0.05 if i == 30 else 0.002)
+            time.sleep(0.12 if i == 30 else 0.01)  # 10 ms steps, one 120 ms spike
             if i == 10:
                 gc.collect()
             mon.step()
@@ -35,7 +35,9 @@ def test_records_steps_data_wait_gc_and_a_fluctuation(tmp_path):
     assert [s["step"] for s in steps] == list(range(40)) and end["steps"] == 40
     assert all(0.0035 <= s["data_wait_s"] <= s["wall_s"] for s in steps)
     assert steps[10]["gc_count"] >= 1 and steps[10]["gc_pause_s"] > 0
-    assert steps[30]["fluctuation"] and sum(s["fluctuation"] for s in steps) <= 2
+    # the spike is flagged (how many other steps scheduling noise flags on a shared machine is not
+    # asserted here: the detector's false-positive behaviour is tested deterministically below)
+    assert steps[30]["fluctuation"]
     assert abs(steps[5]["samples_per_s"] - 32 / steps[5]["wall_s"]) < 1e-6
     assert "rss_bytes" in steps[10] and "process_cpu_cores" in steps[10] and "rss_bytes" not in steps[11]
 
@@ -111,12 +113,16 @@ def test_auto_capture_on_fluctuation_within_budget(tmp_path):
     calls: list[str] = []
     with Monitor(tmp_path, rank=0, auto_capture=True, captures_per_hour=1, poll_s=5,
                  profiler_factory=lambda: FakeProfiler(calls)) as mon:  # fmt: skip
-        for i in range(60):
-            time.sleep(0.03 if i in (20, 40) else 0.002)
+        for i in range(50):
+            time.sleep(0.12 if i in (20, 40) else 0.01)  # two 120 ms spikes among 10 ms steps
             mon.step()
     lines = [json.loads(x) for x in (tmp_path / "rank0.jsonl").read_text().splitlines()]
+    steps = [x for x in lines if x["type"] == "step"]
     caps = [x for x in lines if x["type"] == "capture"]
-    assert len(caps) == 1 and caps[0]["reason"].startswith("fluctuation at step 20")  # budget: 1 per hour
+    assert steps[20]["fluctuation"] and steps[40]["fluctuation"]
+    # the budget (1 per hour) allows one capture, triggered by the first fluctuation flagged
+    first = next(x["step"] for x in steps if x["fluctuation"])
+    assert len(caps) == 1 and caps[0]["reason"] == f"fluctuation at step {first}"
     assert calls.count("start") == 1
 
 

@@ -92,7 +92,9 @@ class Monitor:
 
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.run_dir / f"rank{self.rank}.jsonl", "a", buffering=1, encoding="utf-8")
+        # block-buffered, flushed at least once a second (a crash loses at most the last second)
+        self._fh = open(self.run_dir / f"rank{self.rank}.jsonl", "a", encoding="utf-8")
+        self._flushed = time.perf_counter()
         self._write({"type": "environment", "rank": self.rank, "time": time.time(), **environment()})
         gc.callbacks.append(self._on_gc)
         if self.capturer is not None:
@@ -197,3 +199,7 @@ class Monitor:
     def _write(self, rec: dict) -> None:
         if self._fh is not None:
             self._fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
+            now = time.perf_counter()
+            if now - self._flushed >= 1.0 or rec.get("type") != "step":
+                self._fh.flush()
+                self._flushed = now
