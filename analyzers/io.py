@@ -297,9 +297,9 @@ def _dataloader(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
             is_io = name_mask(sub["name"], IO_PY)
             # a read called by a multiprocessing connection / queue frame is a worker's batch
             # arriving over its pipe (waiting for the worker), not storage being read
-            wait_frame = name_mask(py["name"], WAIT_PY)
-            wait_ids = set(py["py_id"].to_numpy()[wait_frame & (py["py_id"].to_numpy() >= 0)].tolist())
-            in_pipe = np.fromiter((p in wait_ids for p in sub["parent_id"].to_numpy().tolist()), bool, len(sub))
+            py_ids = py["py_id"].to_numpy()
+            wait_ids = py_ids[name_mask(py["name"], WAIT_PY) & (py_ids >= 0)]
+            in_pipe = np.isin(sub["parent_id"].to_numpy(), wait_ids)
             is_io = is_io & ~in_pipe
             is_wait = (name_mask(sub["name"], WAIT_PY) | in_pipe) & ~is_io
             pos, ok = step_pos(steps, st)

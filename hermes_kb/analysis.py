@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from .facts.base import Fact
+from .cpus import usable_cpus
 from .trace import TraceBundle, load
 
 _BUNDLE: TraceBundle | None = None  # read by forked workers
@@ -21,7 +22,7 @@ def _rank_job(rank: int):
 
 
 def _workers(n: int, max_workers: int | None) -> int:
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = usable_cpus()
     return max(1, min(n, max_workers or cpus))
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import BadTraceError, HermesError, InputNotFoundError, NoTracesError
+from ..cpus import usable_cpus
 from .bundle import LoadProblem, RankTrace, TraceBundle
 from .kineto import distributed_rank, parse_kineto
 
@@ -73,7 +74,7 @@ def _parse_one(path: str, split: bool = True) -> tuple[str, RankTrace | None, fl
 def _workers(n_files: int, max_workers: int | None) -> int:
     if max_workers is not None:
         return max(1, min(max_workers, n_files))
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = usable_cpus()
     return max(1, min(cpus, n_files))
 
 
