@@ -48,7 +48,8 @@ class TraceMeta:
     flags: dict[str, str] = field(default_factory=dict)
     process_names: dict[str, str] = field(default_factory=dict)
     thread_names: dict[str, str] = field(default_factory=dict)
-    format: str = "kineto"
+    format: str = "kineto"  # or "ascend" (torch_npu profiler output)
+    env: dict[str, str] = field(default_factory=dict)  # environment variables the profiler recorded
 
     @property
     def device_name(self) -> str | None:
@@ -85,6 +86,8 @@ class RankTrace:
     # events by kind as found in the file (Kineto category, or "metadata"/"flow"/"other")
     counts: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    # tables only some formats have (Ascend: step_stats, comm_ops, comm_matrix, ...; docs/trace_bundle.md)
+    extras: dict[str, pd.DataFrame] = field(default_factory=dict)
 
     @property
     def rank(self) -> int:
@@ -113,8 +116,7 @@ class RankTrace:
         """Move every time column by ``delta_us`` (used to put ranks on the bundle's origin)."""
         if delta_us == 0.0:
             return
-        for name in FRAMES:
-            df = getattr(self, name)
+        for df in [getattr(self, name) for name in FRAMES] + list(self.extras.values()):
             for col in TIME_COLUMNS:
                 if col in df.columns:
                     df[col] = df[col] + delta_us

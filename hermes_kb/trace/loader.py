@@ -16,6 +16,7 @@ from typing import Callable
 
 from ..errors import BadTraceError, HermesError, InputNotFoundError, NoTracesError
 from ..cpus import usable_cpus
+from .ascend_files import OUTPUT_DIR, ascend_rank_dir, find_ascend_ranks
 from .bundle import LoadProblem, RankTrace, TraceBundle
 from .kineto import distributed_rank, parse_kineto
 
@@ -30,8 +31,13 @@ def is_trace_file(path: Path) -> bool:
     return path.is_file() and path.name.lower().endswith(TRACE_SUFFIXES)
 
 
+def _cluster_output(p: Path) -> bool:
+    return (p / "cluster_step_trace_time.csv").is_file() or (p / "cluster_communication.json").is_file()
+
+
 def discover(paths: PathLike | Sequence[PathLike]) -> list[str]:
-    """Expand the user's input into a list of trace files (directories: their direct children)."""
+    """Expand the user's input into a list of ranks to read: Kineto trace files (directories:
+    their direct children) and torch_npu ``*_ascend_pt`` directories (or a directory of them)."""
     items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
     if not items:
         raise NoTracesError("no input paths given")
@@ -41,12 +47,23 @@ def discover(paths: PathLike | Sequence[PathLike]) -> list[str]:
         if not p.exists():
             raise InputNotFoundError("no such file or directory", str(p))
         if p.is_dir():
+            npu = find_ascend_ranks(p)
+            if npu:
+                files.extend(str(a.root) if a.root.name != OUTPUT_DIR else str(a.output) for a in npu)
+                continue
+            if _cluster_output(p):
+                raise NoTracesError("this is msprof-analyze cluster output, not profiler output: pass the "
+                                    "*_ascend_pt directories it was computed from", str(p))  # fmt: skip
             found = sorted(c for c in p.iterdir() if is_trace_file(c))
             if not found:
                 deeper = sorted(c for c in p.rglob("*") if is_trace_file(c))
                 hint = f" ({len(deeper)} in subdirectories: pass one of those directories)" if deeper else ""
-                raise NoTracesError(f"directory holds no trace files (*.json, *.json.gz){hint}", str(p))
+                raise NoTracesError(
+                    f"directory holds no trace files (*.json, *.json.gz) and no torch_npu output (*_ascend_pt){hint}", str(p)
+                )
             files.extend(str(c) for c in found)
+        elif p.name == "trace_view.json" or p.suffix == ".csv" or p.suffix == ".db":
+            files.append(str(p.parent))  # one file of a torch_npu export: read its directory
         else:
             files.append(str(p))
     return files
@@ -61,7 +78,15 @@ def rank_from_filename(path: str) -> int | None:
 
 def _parse_one(path: str, split: bool = True) -> tuple[str, RankTrace | None, float, HermesError | None]:
     try:
-        trace, first = parse_kineto(path, split=split)
+        if os.path.isdir(path):
+            from .ascend import parse_ascend
+
+            af = ascend_rank_dir(Path(path))
+            if af is None:
+                raise NoTracesError("no torch_npu profiler output in this directory", path)
+            trace, first = parse_ascend(af)
+        else:
+            trace, first = parse_kineto(path, split=split)
         return path, trace, first, None
     except HermesError as exc:
         return path, None, 0.0, exc
