@@ -236,7 +236,8 @@ def build_rank(af, meta_a, tl: Timeline | None, kd, comm_ops, comm_packets, tabl
     if comm_packets is not None and len(comm_packets):
         extras["comm_packets"] = comm_packets
     if tl is not None:
-        for k, v in (("aicore_freq", tl.aicore_freq), ("task_queue", tl.task_queue), ("npu_overlap", tl.overlap)):
+        for k, v in (("aicore_freq", tl.aicore_freq), ("task_queue", tl.task_queue), ("npu_overlap", tl.overlap),
+                     ("hccl_tasks", tl.hccl_tasks)):
             if len(v):
                 v = v.copy()
                 if "dur" in v.columns:

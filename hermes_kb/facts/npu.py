@@ -1,0 +1,191 @@
+"""Facts only Ascend NPU traces (torch_npu profiler output) can give.
+
+They read what kernel_details.csv, the CANN API layer, the HCCL task records and the profiler's
+metadata add to the common frames: the core an operator ran on (AI Core / AI Vector / AI CPU),
+its block dim, pipe utilisation, operator state (dynamic / static shape), formats, the AI Core
+clock, HCCL transfer tasks and the recorded environment variables.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .base import Fact, measure, ratio, us
+
+
+class NpuAicpuOps(Fact):
+    """Operators that ran on the AI CPU (slow scalar cores) instead of AI Core / AI Vector."""
+
+    kind: Literal["npu_aicpu_ops"] = "npu_aicpu_ops"
+    device_compute_us: float = us("summed duration of all device compute tasks")
+    aicpu_count: int = measure("count", "AI CPU tasks")
+    aicpu_us: float = us("summed duration of AI CPU tasks")
+    aicpu_ratio: float = ratio("aicpu_us / device_compute_us")
+    threshold_us: float = us("duration from which an AI CPU task is counted as slow")
+    slow_count: int = measure("count", "AI CPU tasks lasting threshold_us or more")
+    slow_us: float = us("summed duration of the slow AI CPU tasks")
+    slow_ratio: float = ratio("slow_us / device_compute_us")
+    wide_dtype_count: int = measure(
+        "count", "slow AI CPU tasks with an INT64 / DOUBLE / complex / BOOL input (types AI Core kernels often lack)"
+    )
+    op_types: list[str] = Field(default_factory=list, description="operator types of the slow AI CPU tasks, longest first")
+    dtypes: list[str] = Field(default_factory=list, description="input data types of the slow AI CPU tasks")
+
+
+class NpuPipeUtilisation(Fact):
+    """How AI Core / AI Vector operators use their pipes (kernel_details pipe-utilisation metrics):
+    an operator is bound by a pipe when that pipe is busy for ``bound_threshold_ratio`` of its
+    time or more; operators with no bound pipe wait on something else (scheduling, synchronisation
+    between pipes, too few cores) and have optimisation space."""
+
+    kind: Literal["npu_pipe_utilisation"] = "npu_pipe_utilisation"
+    bound_threshold_ratio: float = ratio("pipe-busy share from which an operator counts as bound by it")
+    ops_count: int = measure("count", "AI Core / Vector tasks with pipe metrics")
+    ops_us: float = us("their summed duration")
+    unbound_count: int = measure("count", "tasks with no pipe at or above the threshold")
+    unbound_us: float = us("their summed duration")
+    unbound_ratio: float = ratio("unbound_us / ops_us")
+    bound_us: dict[str, float] = Field(default_factory=dict, description="µs of tasks bound by each pipe (mac, vec, scalar, mte1, mte2, mte3, fixpipe)")
+    top_unbound: list[str] = Field(default_factory=list, description="operator types of the longest unbound tasks")
+
+
+class NpuBlockDim(Fact):
+    """Block dim (how many cores an operator was split over) against the device's core count."""
+
+    kind: Literal["npu_block_dim"] = "npu_block_dim"
+    device: str | None = Field(default=None, description="device model the core counts come from (null: unknown)")
+    ai_cores_count: int | None = measure("count", "AI Core (cube) cores of the device; null when unknown", default=None)
+    vector_cores_count: int | None = measure("count", "AI Vector cores of the device; null when unknown", default=None)
+    tasks_count: int = measure("count", "AI Core / Vector / MIX tasks with a block dim")
+    tasks_us: float = us("their summed duration")
+    not_multiple_count: int = measure("count", "tasks whose block dim is not a multiple of the core count (the last wave leaves cores idle)")
+    not_multiple_us: float = us("their summed duration")
+    not_multiple_ratio: float = ratio("not_multiple_us / tasks_us")
+    under_filled_count: int = measure("count", "tasks with a block dim below the core count (some cores do nothing)")
+    under_filled_us: float = us("their summed duration")
+
+
+class NpuAicoreFrequency(Fact):
+    """The AI Core clock as sampled by the profiler (AI Core Freq counter)."""
+
+    kind: Literal["npu_aicore_frequency"] = "npu_aicore_frequency"
+    samples_count: int = measure("count", "frequency samples")
+    nominal_mhz: float = measure("MHz", "highest sampled frequency, taken as nominal")
+    min_mhz: float = measure("MHz", "lowest sampled frequency")
+    drop_ratio: float = ratio("1 - min_mhz / nominal_mhz")
+    below_nominal_ratio: float = ratio("share of the sampled time spent below the nominal frequency")
+
+
+class NpuFormatConversion(Fact):
+    """Format and type conversion operators (TransData, Cast, ...) on the device."""
+
+    kind: Literal["npu_format_conversion"] = "npu_format_conversion"
+    device_compute_us: float = us("summed duration of all device compute tasks")
+    transdata_count: int = measure("count", "TransData tasks (layout changes between ND / NCHW and private formats)")
+    transdata_us: float = us("their summed duration")
+    cast_count: int = measure("count", "Cast tasks (dtype conversion)")
+    cast_us: float = us("their summed duration")
+    conversion_us: float = us("transdata_us + cast_us + other layout operators (TransposeD, Transpose)")
+    conversion_ratio: float = ratio("conversion_us / device_compute_us")
+    private_format_count: int = measure("count", "tasks with an input or output in a private format (NC1HWC0, FRACTAL_Z, FRACTAL_NZ, ...)")
+
+
+class NpuDynamicShape(Fact):
+    """Operators run as dynamic-shape kernels, and online operator compilation."""
+
+    kind: Literal["npu_dynamic_shape"] = "npu_dynamic_shape"
+    state_known_count: int = measure("count", "tasks whose OP State (dynamic / static) was recorded")
+    dynamic_count: int = measure("count", "tasks with OP State dynamic")
+    dynamic_ratio: float = ratio("dynamic_count / state_known_count (0 when none known)")
+    compile_calls_count: int = measure("count", "aclopCompileAndExecute / opCompile API calls")
+    compile_us: float = us("time in opCompile calls (aclopCompileAndExecute when opCompile is absent)")
+    window_us: float = us("analysed time (summed step windows)")
+    compile_ratio: float = ratio("compile_us / window_us")
+    jit_compile_hint: bool = Field(description="compile calls seen: operators are compiled online (jit_compile=True or no binary kernel)")
+    host_cache_capacity: str | None = Field(default=None, description="HOST_CACHE_CAPACITY as recorded (null: not recorded)")
+
+
+class NpuLaunchBlocking(Fact):
+    """Stream synchronisation after operator launches (ASCEND_LAUNCH_BLOCKING=1 or explicit syncs)."""
+
+    kind: Literal["npu_launch_blocking"] = "npu_launch_blocking"
+    launches_count: int = measure("count", "operator launches (Node@launch) in the steps")
+    sync_calls_count: int = measure("count", "stream / device synchronisation API calls in the steps")
+    sync_us: float = us("time in those calls")
+    synced_launch_ratio: float = ratio("share of launches followed by a synchronisation before the next launch")
+    window_us: float = us("analysed time")
+    sync_ratio: float = ratio("sync_us / window_us")
+    env_launch_blocking: bool = Field(description="ASCEND_LAUNCH_BLOCKING recorded as 1")
+
+
+class NpuAffinityApi(Fact):
+    """A sequence of generic operators that torch_npu offers as one fused (affinity) API."""
+
+    kind: Literal["npu_affinity_api"] = "npu_affinity_api"
+    pattern: str = Field(description="pattern id: rms_norm, rotary_embedding, swiglu, attention_softmax, optimizer")
+    fused_api: str = Field(description="the torch_npu API that replaces it")
+    occurrences_count: int = measure("count", "matches in the analysed steps")
+    host_us: float = us("summed host time of the matched operators")
+    device_us: float = us("summed device time of the tasks they launched")
+    window_us: float = us("analysed time")
+    share_ratio: float = ratio("max(host_us, device_us) / window_us")
+
+
+class NpuSmallPackets(Fact):
+    """HCCL transfers in small packets (communication.json size distribution)."""
+
+    kind: Literal["npu_small_packets"] = "npu_small_packets"
+    transport: str = Field(description="SDMA or RDMA")
+    threshold_bytes: float = measure("bytes", "packet size under which a transfer counts as small")
+    volume_bytes: float = measure("bytes", "bytes moved over this transport")
+    small_volume_bytes: float = measure("bytes", "bytes moved in small packets")
+    small_volume_ratio: float = ratio("small_volume_bytes / volume_bytes")
+    small_count: int = measure("count", "small packets")
+    small_count_ratio: float = ratio("small_count / all packets on this transport")
+    small_us: float = us("transit time of the small packets")
+    transit_us: float = us("transit time of all packets on this transport")
+
+
+class NpuSdmaContention(Fact):
+    """SDMA transfer bandwidth while Cube (MatMul / Conv) tasks run against when none runs."""
+
+    kind: Literal["npu_sdma_contention"] = "npu_sdma_contention"
+    overlapped_count: int = measure("count", "SDMA transfer tasks overlapping a Cube task")
+    overlapped_bytes: float = measure("bytes", "bytes they moved")
+    overlapped_gbps: float = measure("gbps", "their bandwidth (bytes / time)")
+    alone_count: int = measure("count", "SDMA transfer tasks with no Cube task running")
+    alone_gbps: float = measure("gbps", "their bandwidth")
+    bandwidth_loss_ratio: float = ratio("1 - overlapped_gbps / alone_gbps (0 when not lower)")
+    overlapped_us: float = us("transit time of the overlapped tasks")
+    lost_us: float = us("overlapped_us x bandwidth_loss_ratio: time the contention added")
+
+
+class NpuRdmaRetransmission(Fact):
+    """RDMA transfer tasks far slower than the rest of the same size class (retransmission)."""
+
+    kind: Literal["npu_rdma_retransmission"] = "npu_rdma_retransmission"
+    rdma_count: int = measure("count", "RDMA transfer tasks")
+    median_us: float = us("median RDMA task duration")
+    slow_count: int = measure("count", "RDMA tasks lasting at least 10x the median and 1 ms or more")
+    slow_us: float = us("their summed duration")
+    max_us: float = us("longest RDMA task")
+
+
+class NpuEnvironment(Fact):
+    """Environment variables torch_npu recorded (profiler_metadata.json ENV_VARIABLES)."""
+
+    kind: Literal["npu_environment"] = "npu_environment"
+    recorded: dict[str, str] = Field(default_factory=dict, description="variable -> value as recorded ('' = unset)")
+    launch_blocking: bool = Field(description="ASCEND_LAUNCH_BLOCKING=1")
+    log_level: int | None = Field(default=None, description="ASCEND_GLOBAL_LOG_LEVEL (0 debug, 1 info, 2 warning, 3 error, 4 null); null when unset")
+    debug_logging: bool = Field(description="log level 0 or 1 (debug / info): every API call is logged")
+    alloc_conf_set: bool = Field(description="PYTORCH_NPU_ALLOC_CONF set")
+    expandable_segments: bool = Field(description="PYTORCH_NPU_ALLOC_CONF has expandable_segments:True")
+    aclnn_cache_limit: int | None = measure("count", "ACLNN_CACHE_LIMIT; null when unset (CANN default 10000)", default=None)
+    host_cache_capacity: int | None = measure("count", "HOST_CACHE_CAPACITY; null when unset (0: dynamic-shape cache off)", default=None)
+    hccl_vars_set_count: int = measure("count", "HCCL_* variables set")
+    reserved_peak_bytes: float | None = measure("bytes", "peak reserved device memory (memory records)", default=None)
+    allocated_peak_bytes: float | None = measure("bytes", "peak allocated device memory", default=None)
+    fragmentation_ratio: float | None = ratio("1 - allocated_peak / reserved_peak (memory held but unused)", default=None)
