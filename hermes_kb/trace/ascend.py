@@ -133,7 +133,7 @@ def parse_ascend(af: AscendFiles) -> tuple[RankTrace, float]:
             "no torch_npu profiler output found (expected ASCEND_PROFILER_OUTPUT/trace_view.json, kernel_details.csv, "
             "communication.json, step_trace_time.csv or ascend_pytorch_profiler_*.db)", src)  # fmt: skip
     has_text = bool(af.files)
-    if not has_text and af.db is not None:
+    if not has_text and (af.db is not None or af.analysis_db is not None):
         from .ascend_db import parse_ascend_db  # the sqlite export, when it is all there is
 
         return parse_ascend_db(af)
@@ -152,6 +152,10 @@ def parse_ascend(af: AscendFiles) -> tuple[RankTrace, float]:
         "api_statistic": _optional(at.statistic, af.get("api_statistic.csv"), warnings, "api_name"),
     }
     mem = _optional(at.memory_record, af.get("memory_record.csv"), warnings)
+    if af.analysis_db is not None and (comm_ops is None or tables["step_stats"] is None or tables["comm_matrix"] is None):
+        from .ascend_db import fill_from_analysis_db  # what the text files lack, from analysis.db
+
+        comm_ops, comm_packets = fill_from_analysis_db(af.analysis_db, tables, comm_ops, comm_packets, warnings)
     if af.db is not None and has_text:
         warnings.append(f"{af.db.name} present too: the text export was read")
     return build_rank(af, meta_a, tl, kd, comm_ops, comm_packets, tables, mem, warnings, export="text")
@@ -194,7 +198,7 @@ def build_rank(af, meta_a, tl: Timeline | None, kd, comm_ops, comm_packets, tabl
 
     # device tasks
     kernels, memcpy = _device_frames(tl, kd, device_id, rt, warnings)
-    hccl_k, coll = _collectives(tl, comm_ops, tables.get("comm_matrix"), meta_a, device_id, len(kernels))
+    hccl_k, coll = _collectives(tl, comm_ops, kd, tables.get("comm_matrix"), meta_a, device_id, len(kernels))
     if len(hccl_k):
         kernels = pd.concat([kernels, hccl_k], ignore_index=True, sort=False)
 
@@ -267,8 +271,6 @@ def build_rank(af, meta_a, tl: Timeline | None, kd, comm_ops, comm_packets, tabl
         format="ascend",
         env=meta_a.env,
     )
-    if meta_a.rank is None and af.rank_hint is not None:
-        meta.distributed_info["rank"] = af.rank_hint
     trace = RankTrace(meta=meta, **frames, collectives=coll, links=links,
                       counts=tl.counts if tl is not None else {}, warnings=warnings, extras=extras)  # fmt: skip
     return trace, first
@@ -291,7 +293,7 @@ def _device_frames(tl: Timeline | None, kd, device_id: int, rt: pd.DataFrame, wa
         if kd is not None and len(kd):
             comp = _join_details(comp, kd, warnings)
     elif kd is not None and len(kd):
-        comp = kd.copy()
+        comp = kd[~_is_comm_row(kd)].copy()
         comp["task_type"] = comp["core_type"]
         comp["connection_id"] = -1
         mc = pd.DataFrame({c: [] for c in _COMPUTE_COLS})
@@ -312,6 +314,11 @@ def _device_frames(tl: Timeline | None, kd, device_id: int, rt: pd.DataFrame, wa
     mc["bandwidth_gbps"] = np.nan
     mc = mc.drop(columns=["connection_id"])
     return comp.sort_values("ts", kind="stable").reset_index(drop=True), mc.sort_values("ts", kind="stable").reset_index(drop=True)
+
+
+def _is_comm_row(kd: pd.DataFrame) -> np.ndarray:
+    """kernel_details.csv also lists the HCCL ops (Accelerator Core HCCL, COMMUNICATION since CANN 8)."""
+    return kd["core_type"].astype(str).str.upper().isin(["COMMUNICATION", "HCCL"]).to_numpy() | kd["name"].astype(str).str.startswith("hcom_").to_numpy()
 
 
 def _join_details(comp: pd.DataFrame, kd: pd.DataFrame, warnings: list[str]) -> pd.DataFrame:
@@ -354,7 +361,7 @@ _COLL_TEMPLATE = pd.DataFrame({
 })  # fmt: skip
 
 
-def _collectives(tl, comm_ops, matrix, meta_a, device_id: int, k_offset: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _collectives(tl, comm_ops, kd, matrix, meta_a, device_id: int, k_offset: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """HCCL ops as kernel rows (appended after the compute kernels) and their collectives rows."""
     if tl is not None and len(tl.hccl_ops):
         h = tl.hccl_ops.copy()
@@ -363,6 +370,9 @@ def _collectives(tl, comm_ops, matrix, meta_a, device_id: int, k_offset: int) ->
     elif comm_ops is not None and len(comm_ops):
         h = comm_ops[["name", "ts", "dur", "group"]].copy()
         h["correlation"], h["stream"], h["data_type"], h["count"] = -1, -1, "", -1
+    elif kd is not None and len(kd) and _is_comm_row(kd).any():
+        h = kd.loc[_is_comm_row(kd), ["name", "ts", "dur"]].copy()
+        h["group"], h["correlation"], h["stream"], h["data_type"], h["count"] = "", -1, -1, "", -1
     else:
         return pd.DataFrame({c: [] for c in ("name", "ts", "dur")}), _COLL_TEMPLATE.copy()
     h = h.sort_values("ts", kind="stable").reset_index(drop=True)

@@ -127,7 +127,7 @@ def assign_ranks(traces: list[RankTrace]) -> list[str]:
     pending: list[RankTrace] = []
     for t in traces:
         r = distributed_rank(t)
-        how = "distributedInfo"
+        how = "profiler_info" if t.meta.format == "ascend" else "distributedInfo"
         if r is None:
             r = rank_from_filename(t.meta.source)
             how = "filename"
