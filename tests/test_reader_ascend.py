@@ -273,3 +273,81 @@ def test_damaged_rank_among_good_ones_is_skipped(tmp_path):
                          capture_output=True, text=True)  # fmt: skip
     assert out.returncode != 0 and "Traceback" not in out.stderr + out.stdout
     assert len(out.stderr.strip().splitlines()) == 1 and "trace_view.json" in out.stderr
+
+
+# ---- the NPU analyzer on hand-made frames -----------------------------------------------------
+
+
+def _npu_facts(trace):
+    from analyzers import npu
+    from analyzers.steps import step_context
+
+    ctx, _ = step_context(trace)
+    return {f.kind if f.kind != "npu_affinity_api" else f"{f.kind}:{f.pattern}": f for f in npu.per_rank(ctx)}
+
+
+def test_npu_analyzer_numbers_by_hand(tmp_path):
+    import numpy as np
+    import pandas as pd
+
+    kd = KD_HEADER + "\n" + "\n".join([
+        # ts, dur, block dim, mac ratio, vec ratio
+        "0,1,1,10,2,MatMul1,MatMulV2,static,AI_CORE,1000,100,0,30,FLOAT16,0.9,N/A",   # bound (mac), 30 > 20 and not a multiple
+        "0,1,1,11,2,Add2,Add,static,AI_VECTOR_CORE,1200,50,0,40,FLOAT,N/A,0.3",       # unbound, 40 = multiple of 40
+        "0,1,1,12,2,TransData3,TransData,static,AI_VECTOR_CORE,1300,25,0,8,FLOAT,N/A,0.1",  # unbound, under-filled
+    ])  # fmt: skip
+    root = _rank(tmp_path, "rank0_ascend_pt", {"kernel_details.csv": kd})
+    t = hermes_kb.load(root)[0]
+    t.meta.device_properties = [{"name": "Ascend910B3"}]  # 20 cube / 40 vector cores
+    origin = t.kernels["ts"].min()
+    # SDMA transfers: two during MatMul1 (1000..1100) at 10 GB/s, two alone at 20 GB/s
+    t.extras["hccl_tasks"] = pd.DataFrame({
+        "name": ["Memcpy"] * 4, "ts": np.array([1010.0, 1050.0, 1400.0, 1500.0]) - 1000 + origin,
+        "dur": [10.0, 10.0, 10.0, 10.0], "transport": ["SDMA"] * 4, "link_type": ["HCCS"] * 4,
+        "size_bytes": [1e5, 1e5, 2e5, 2e5], "stream": [4] * 4,
+    })  # fmt: skip
+    t.extras["hccl_tasks"]["end"] = t.extras["hccl_tasks"]["ts"] + 10.0
+    t.extras["comm_packets"] = pd.DataFrame({
+        "step": [1, 1, 1], "name": ["a", "a", "b"], "group": ["g"] * 3, "transport": ["HCCS", "HCCS", "SDMA"],
+        "packet_bytes": [4e6, 32e6, 4e6], "count": [3.0, 1.0, 9.0], "time_us": [300.0, 900.0, 1.0],
+    })  # fmt: skip
+    t.extras["comm_ops"] = pd.DataFrame({"name": ["a", "b"]})
+    t.meta.env = {"ASCEND_GLOBAL_LOG_LEVEL": "1", "ASCEND_LAUNCH_BLOCKING": "1", "PYTORCH_NPU_ALLOC_CONF": "",
+                  "HCCL_RDMA_TC": "132", "HCCL_ALGO": ""}  # fmt: skip
+    f = _npu_facts(t)
+
+    p = f["npu_pipe_utilisation"]
+    assert (p.ops_count, p.unbound_count, p.unbound_us) == (3, 2, 75.0)
+    assert p.unbound_ratio == pytest.approx(75 / 175) and p.bound_us == {"mac": 100.0}
+    b = f["npu_block_dim"]
+    assert (b.ai_cores_count, b.vector_cores_count) == (20, 40)
+    assert (b.not_multiple_count, b.not_multiple_us, b.under_filled_count, b.under_filled_us) == (1, 100.0, 1, 25.0)
+    c = f["npu_format_conversion"]
+    assert (c.transdata_count, c.transdata_us, c.conversion_ratio) == (1, 25.0, pytest.approx(25 / 175))
+    s = f["npu_sdma_contention"]
+    assert (s.overlapped_count, s.alone_count) == (2, 2)
+    assert s.overlapped_gbps == pytest.approx(10.0) and s.alone_gbps == pytest.approx(20.0)
+    assert s.bandwidth_loss_ratio == pytest.approx(0.5) and s.lost_us == pytest.approx(10.0)
+    k = f["npu_small_packets"]  # SDMA rows are totals: only the HCCS ones count
+    assert k.volume_bytes == 3 * 4e6 + 32e6 and k.small_volume_bytes == 12e6
+    assert (k.small_count, k.small_count_ratio, k.small_us) == (3, 0.75, 300.0)
+    e = f["npu_environment"]
+    assert (e.debug_logging, e.launch_blocking, e.log_level, e.alloc_conf_set, e.hccl_vars_set_count) == (True, True, 1, False, 1)
+
+
+def test_npu_affinity_patterns_by_hand(tmp_path):
+    import pandas as pd
+
+    kd = KD_HEADER + "\n0,1,1,10,2,MatMul1,MatMulV2,static,AI_CORE,1000,100,0,30,FLOAT16,0.9,N/A\n"
+    t = hermes_kb.load(_rank(tmp_path, "rank0_ascend_pt", {"kernel_details.csv": kd}))[0]
+    names = ["aten::pow", "aten::mean", "aten::add", "aten::rsqrt", "aten::mul", "aten::linear",
+             "aten::chunk", "aten::silu", "aten::mul"]  # fmt: skip
+    ts = [float(i * 10) for i in range(len(names))]
+    ops = pd.DataFrame({"name": pd.Categorical(names), "ts": ts, "dur": [5.0] * len(names), "end": [x + 5 for x in ts],
+                        "pid": 1, "tid": 1, "ext_id": range(len(names)), "parent": -1, "depth": 0})  # fmt: skip
+    t.cpu_ops = ops
+    t.kernels["ext_id"] = 3  # the MatMul task was launched by aten::rsqrt (part of the RMSNorm match)
+    f = _npu_facts(t)
+    rms, swi = f["npu_affinity_api:rms_norm"], f["npu_affinity_api:swiglu"]
+    assert (rms.occurrences_count, rms.host_us, rms.device_us, rms.fused_api) == (1, 25.0, 100.0, "torch_npu.npu_rms_norm")
+    assert (swi.occurrences_count, swi.host_us, swi.device_us) == (1, 15.0, 0.0)
