@@ -9,12 +9,12 @@ Every reader here returns plain pandas frames with snake_case columns and float 
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 import pandas as pd
 
@@ -121,10 +121,11 @@ def snake(header: str) -> str:
 def read_json(path: Path) -> Any:
     try:
         with open(path, "rb") as fh:
-            return json.loads(fh.read())
-    except (OSError, ValueError) as exc:
-        reason = "not valid JSON" if isinstance(exc, ValueError) else f"cannot be read ({exc.strerror or exc})"
-        raise BadTraceError(f"{reason}: {str(exc)[:120]}", str(path)) from None
+            return msgspec.json.decode(fh.read())
+    except OSError as exc:
+        raise BadTraceError(f"cannot be read ({exc.strerror or exc})", str(path)) from None
+    except msgspec.DecodeError as exc:
+        raise BadTraceError(f"not valid JSON: {str(exc)[:120]}", str(path)) from None
 
 
 def read_csv(path: Path, aliases: dict[str, str] | None = None) -> pd.DataFrame:
