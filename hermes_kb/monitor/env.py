@@ -41,8 +41,17 @@ def environment() -> dict:
         "cpu_count": os.cpu_count(),
         "affinity": affinity,
         "platform": platform.platform(),
+        "hostname": platform.node(),
         "pid": os.getpid(),
+        "torch_threads": _torch_threads(torch),
     }
+
+
+def _torch_threads(torch) -> int | None:
+    try:
+        return int(torch.get_num_threads()) if torch is not None else None
+    except Exception:
+        return None
 
 
 def detect_rank() -> int:

@@ -5,14 +5,21 @@ from __future__ import annotations
 import gc
 import json
 import os
+import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from .capture import Capturer
 from .detect import RollingDetector
+from .device import DeviceTimer, cuda_event_factory
 from .env import detect_rank, environment
+from .procs import ProcessSampler, runqueue_wait_ns
+
+
+_ENC = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 
 
 def _proc_cpu_seconds() -> float:
@@ -59,7 +66,15 @@ class Monitor:
         captures_per_hour: int = 2,
         profiler_factory=None,
         poll_s: float = 1.0,
+        domains: Sequence[str] | None = None,
+        procs_every_s: float = 10.0,
+        device_events: Callable[[], Any] | bool | None = None,
     ):
+        """``domains``: names of the communication domains (process groups) this rank synchronises
+        in, e.g. ``["dp0", "tp3"]``; offline slow-rank detection compares ranks within each (all
+        ranks of the run when absent). ``procs_every_s``: least interval between scans of the other
+        processes (0 disables). ``device_events``: an event factory for device step times; None
+        uses CUDA events once torch has initialised CUDA, False never."""
         self.run_dir = Path(run_dir)
         self.rank = detect_rank() if rank is None else rank
         self.samples_per_step = samples_per_step
@@ -76,7 +91,17 @@ class Monitor:
         self._gc_pause = 0.0
         self._gc_start: float | None = None
         self._cpu_last: tuple[float, float, tuple[float, float] | None] | None = None
+        self.domains = list(domains) if domains else None
         self.auto_capture = auto_capture
+        self._events: dict[str, float] = {}
+        self._gc_gen2 = 0
+        self._cpu_t = 0.0
+        self._procs = ProcessSampler() if procs_every_s > 0 else None
+        self._procs_every = procs_every_s
+        self._procs_at = float("-inf")
+        self._rq_last: tuple[float, int] | None = None
+        self._device_events = device_events
+        self.device: DeviceTimer | None = None
         self.capturer = (
             Capturer(self.run_dir, self.rank, poll_s=poll_s, budget_per_hour=captures_per_hour,
                      profiler_factory=profiler_factory) if capture else None
@@ -95,11 +120,21 @@ class Monitor:
         # block-buffered, flushed at least once a second (a crash loses at most the last second)
         self._fh = open(self.run_dir / f"rank{self.rank}.jsonl", "a", encoding="utf-8")
         self._flushed = time.perf_counter()
-        self._write({"type": "environment", "rank": self.rank, "time": time.time(), **environment()})
+        env = environment()
+        if self.domains:
+            env["domains"] = self.domains
+        self._write({"type": "environment", "rank": self.rank, "time": time.time(), **env})
         gc.callbacks.append(self._on_gc)
         if self.capturer is not None:
             self.capturer.start()
+        self._maybe_device()
+        if self._procs is not None:
+            self._procs.sample()  # the baseline the first scan diffs against
+            self._procs_at = time.perf_counter()
+        rq = runqueue_wait_ns()
+        self._rq_last = (time.perf_counter(), rq) if rq is not None else None
         self._t_last = time.perf_counter()
+        self._cpu_t = time.process_time()
         self._cpu_last = (time.perf_counter(), _proc_cpu_seconds(), _system_cpu())
 
     def close(self) -> None:
@@ -123,6 +158,34 @@ class Monitor:
             self._gc_pause += time.perf_counter() - self._gc_start
             self._gc_count += 1
             self._gc_start = None
+            if info.get("generation") == 2:
+                self._gc_gen2 += 1
+
+    @contextmanager
+    def event(self, name: str) -> Iterator[None]:
+        """Time a named piece of work (``with mon.event("checkpoint"): save(...)``); its duration
+        is stored in the record of the step whose wall time includes it."""
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.mark(name, time.perf_counter() - t)
+
+    def mark(self, name: str, seconds: float = 0.0) -> None:
+        """Record that ``name`` happened in the current step (and took ``seconds``)."""
+        self._events[name] = self._events.get(name, 0.0) + seconds
+
+    def add_data_wait(self, seconds: float) -> None:
+        """Add time blocked waiting for input, for loops that cannot use ``wrap()`` (callbacks)."""
+        self._data_wait += seconds
+
+    def _maybe_device(self) -> None:
+        if self.device is not None or self._device_events is False:
+            return
+        factory = self._device_events if callable(self._device_events) else cuda_event_factory()
+        if factory is not None:
+            self.device = DeviceTimer(factory)
+            self.device.start()
 
     def wrap(self, iterable: Iterable) -> Iterator:
         """Yield from ``iterable``, adding the time blocked in ``next()`` to the step's data wait."""
@@ -141,45 +204,78 @@ class Monitor:
         now = time.perf_counter()
         wall = now - (self._t_last if self._t_last is not None else now)
         self._t_last = now
+        cpu = time.process_time() - self._cpu_t
+        self._cpu_t += cpu
         flagged, med = self.detector.update(wall)
         self.fluctuations += flagged
         n = samples if samples is not None else self.samples_per_step
-        rec: dict[str, Any] = {
-            "type": "step",
-            "rank": self.rank,
-            "step": self.step_index,
-            "time": time.time(),
-            "wall_s": wall,
-            "data_wait_s": self._data_wait,
-            "gc_count": self._gc_count,
-            "gc_pause_s": self._gc_pause,
-            "fluctuation": flagged,
-        }
+        i, wall_time = self.step_index, time.time()
+        dw, gcn, gcp = self._data_wait, self._gc_count, self._gc_pause
+        opt: dict[str, Any] = {}
+        if self._gc_gen2:
+            opt["gc_gen2"] = self._gc_gen2
+            self._gc_gen2 = 0
+        if self._events:
+            opt["events"] = self._events
+            self._events = {}
+        if self.device is not None:
+            done = self.device.boundary(i)
+            if done:
+                opt["device_s"] = done
+        if i % self.sample_every == 0:
+            opt.update(self._resources())
+        opt.update(extra)
+        # the fields most steps have are formatted by hand: a third of the cost of json.dumps
+        line = (f'{{"type":"step","rank":{self.rank},"step":{i},"time":{wall_time!r},"wall_s":{wall!r},'
+                f'"data_wait_s":{dw!r},"gc_count":{gcn},"gc_pause_s":{gcp!r},"cpu_s":{cpu!r},'
+                f'"fluctuation":{"true" if flagged else "false"}')  # fmt: skip
         if med is not None:
-            rec["rolling_median_s"] = med
-        if n and wall > 0:
-            rec["samples_per_s"] = n / wall
-        if self.flops_per_step and self.peak_flops and wall > 0:
-            rec["mfu"] = self.flops_per_step / wall / self.peak_flops
-        if self.step_index % self.sample_every == 0:
-            rec.update(self._resources())
-        rec.update(extra)
-        self._write(rec)
+            line += f',"rolling_median_s":{med!r}'
+        sps = n / wall if n and wall > 0 else None
+        if sps is not None:
+            line += f',"samples_per_s":{sps!r}'
+        mfu = self.flops_per_step / wall / self.peak_flops if self.flops_per_step and self.peak_flops and wall > 0 else None
+        if mfu is not None:
+            line += f',"mfu":{mfu!r}'
+        if self._fh is not None:
+            self._fh.write(f"{line},{_ENC(opt)[1:]}\n" if opt else line + "}\n")
+            if now - self._flushed >= 1.0:
+                self._fh.flush()
+                self._flushed = now
         if self.capturer is not None:
             if flagged and self.auto_capture:
-                self.capturer.auto_request(f"fluctuation at step {self.step_index}")
+                self.capturer.auto_request(f"fluctuation at step {i}")
             finished = self.capturer.at_step_boundary()
             if finished is not None:
-                self._write({"type": "capture", "rank": self.rank, "step": self.step_index, **finished})
+                self._write({"type": "capture", "rank": self.rank, "step": i, **finished})
         self.step_index += 1
         self._data_wait = 0.0
         self._gc_count = 0
         self._gc_pause = 0.0
+        rec = {"type": "step", "rank": self.rank, "step": i, "time": wall_time, "wall_s": wall, "data_wait_s": dw,
+               "gc_count": gcn, "gc_pause_s": gcp, "cpu_s": cpu, "fluctuation": flagged}  # fmt: skip
+        for key, v in (("rolling_median_s", med), ("samples_per_s", sps), ("mfu", mfu)):
+            if v is not None:
+                rec[key] = v
+        rec.update(opt)
         return rec
 
     def _resources(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
+        self._maybe_device()
         t, cpu, sys_cpu = time.perf_counter(), _proc_cpu_seconds(), _system_cpu()
+        rq = runqueue_wait_ns()
+        if rq is not None and self._rq_last is not None and t > self._rq_last[0]:
+            out["runqueue_wait_ratio"] = max(rq - self._rq_last[1], 0) / 1e9 / (t - self._rq_last[0])
+        self._rq_last = (t, rq) if rq is not None else None
+        if self._procs is not None and t - self._procs_at >= self._procs_every:
+            self._procs_at = t
+            procs = self._procs.sample(t)
+            if procs is not None:
+                out.update(procs)
+        torch = sys.modules.get("torch")
+        if torch is not None and hasattr(torch, "get_num_threads"):
+            out["torch_threads"] = torch.get_num_threads()
         if self._cpu_last is not None:
             t0, cpu0, sys0 = self._cpu_last
             if t > t0:
@@ -198,7 +294,7 @@ class Monitor:
 
     def _write(self, rec: dict) -> None:
         if self._fh is not None:
-            self._fh.write(json.dumps(rec, separators=(",", ":")) + "\n")
+            self._fh.write(_ENC(rec) + "\n")
             now = time.perf_counter()
             if now - self._flushed >= 1.0 or rec.get("type") != "step":
                 self._fh.flush()

@@ -1,0 +1,142 @@
+"""Reading a monitor RUN_DIR back for analysis: standard library only.
+
+Step records become columns (``array('d')``, 8 bytes a step and column), so a rank with
+100k steps takes a few MB; the rarer parts (events, resource samples, device times) are kept
+sparse, keyed by step. A damaged line (a crash cut it, a disk filled up) is skipped and
+counted, and the rest of the log still counts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+LOG_RE = re.compile(r"^rank(\d+)\.jsonl$")
+CAPTURE_RE = re.compile(r"^rank(\d+)\.capture(.+)\.json\.gz$")
+SAMPLE_KEYS = ("process_cpu_cores", "system_cpu_ratio", "rss_bytes", "affinity_count", "runqueue_wait_ratio",
+               "top_procs", "others_cores", "siblings_cores", "children_cores", "children_count", "threads_count",
+               "torch_threads")  # fmt: skip
+
+
+@dataclass
+class RankLog:
+    rank: int
+    path: str
+    environment: dict[str, Any] | None = None
+    step: array = field(default_factory=lambda: array("q"))
+    wall_s: array = field(default_factory=lambda: array("d"))
+    data_wait_s: array = field(default_factory=lambda: array("d"))
+    gc_pause_s: array = field(default_factory=lambda: array("d"))
+    gc_count: array = field(default_factory=lambda: array("q"))
+    gc_gen2: array = field(default_factory=lambda: array("q"))
+    cpu_s: array = field(default_factory=lambda: array("d"))  # NaN where not recorded
+    fluctuation: array = field(default_factory=lambda: array("b"))
+    samples_per_s: array = field(default_factory=lambda: array("d"))  # NaN where not recorded
+    mfu: array = field(default_factory=lambda: array("d"))
+    events: dict[int, dict[str, float]] = field(default_factory=dict)  # step -> name -> seconds
+    device_s: dict[int, float] = field(default_factory=dict)  # step -> device step time
+    samples: list[dict[str, Any]] = field(default_factory=list)  # resource samples, with their "step"
+    captures: list[dict[str, Any]] = field(default_factory=list)
+    end: dict[str, Any] | None = None
+    bad_lines: int = 0
+    first_bad_line: int | None = None
+
+    @property
+    def steps_count(self) -> int:
+        return len(self.wall_s)
+
+
+@dataclass
+class RunLog:
+    run_dir: str
+    ranks: dict[int, RankLog]
+    captures: dict[int, list[Path]]  # rank -> capture traces, oldest first
+    warnings: list[str]
+
+    @property
+    def sources(self) -> list[str]:
+        return [r.path for r in self.ranks.values()] + [str(p) for ps in self.captures.values() for p in ps]
+
+
+def _num(v: Any) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else float("nan")
+
+
+def read_rank_log(path: Path, rank: int) -> RankLog:
+    log = RankLog(rank=rank, path=str(path))
+    nan = float("nan")
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for n, line in enumerate(fh, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+                kind = rec.get("type")
+            except (ValueError, AttributeError):
+                log.bad_lines += 1
+                log.first_bad_line = log.first_bad_line or n
+                continue
+            if kind == "step":
+                wall = rec.get("wall_s")
+                step = rec.get("step")
+                if not isinstance(wall, (int, float)) or not isinstance(step, int):
+                    log.bad_lines += 1
+                    log.first_bad_line = log.first_bad_line or n
+                    continue
+                log.step.append(step)
+                log.wall_s.append(float(wall))
+                log.data_wait_s.append(_num(rec.get("data_wait_s", 0.0)))
+                log.gc_pause_s.append(_num(rec.get("gc_pause_s", 0.0)))
+                log.gc_count.append(int(rec.get("gc_count") or 0))
+                log.gc_gen2.append(int(rec.get("gc_gen2") or 0))
+                log.cpu_s.append(_num(rec.get("cpu_s", nan)))
+                log.fluctuation.append(1 if rec.get("fluctuation") else 0)
+                log.samples_per_s.append(_num(rec.get("samples_per_s", nan)))
+                log.mfu.append(_num(rec.get("mfu", nan)))
+                if isinstance(ev := rec.get("events"), dict) and ev:
+                    log.events[step] = {str(k): _num(v) for k, v in ev.items()}
+                if isinstance(dev := rec.get("device_s"), list):
+                    for pair in dev:
+                        if isinstance(pair, list) and len(pair) == 2:
+                            log.device_s[int(pair[0])] = _num(pair[1])
+                if "process_cpu_cores" in rec or "affinity_count" in rec or "top_procs" in rec:
+                    log.samples.append({"step": step, **{k: rec[k] for k in SAMPLE_KEYS if k in rec}})
+            elif kind == "environment":
+                log.environment = rec
+            elif kind == "capture":
+                log.captures.append(rec)
+            elif kind == "end":
+                log.end = rec
+    return log
+
+
+def is_run_dir(path: str | Path) -> bool:
+    p = Path(path)
+    return p.is_dir() and any(LOG_RE.match(c.name) for c in p.iterdir())
+
+
+def read_run(run_dir: str | Path) -> RunLog:
+    """Every rank<R>.jsonl and rank<R>.capture<ID>.json.gz in ``run_dir``."""
+    d = Path(run_dir)
+    ranks: dict[int, RankLog] = {}
+    captures: dict[int, list[Path]] = {}
+    warnings: list[str] = []
+    for c in sorted(d.iterdir()):
+        if m := LOG_RE.match(c.name):
+            log = read_rank_log(c, int(m.group(1)))
+            if log.bad_lines:
+                warnings.append(f"{c}: skipped {log.bad_lines} damaged line(s) (first at line {log.first_bad_line})")
+            if log.steps_count == 0:
+                warnings.append(f"{c}: no step records")
+                continue
+            ranks[log.rank] = log
+        elif m := CAPTURE_RE.match(c.name):
+            captures.setdefault(int(m.group(1)), []).append(c)
+    for ps in captures.values():
+        ps.sort(key=lambda p: p.stat().st_mtime)
+    return RunLog(run_dir=str(d), ranks=ranks, captures=captures, warnings=warnings)
