@@ -1,0 +1,427 @@
+"""Facts from the always-on monitor's logs (a RUN_DIR of rank<R>.jsonl): the whole run, per rank
+and across ranks. Formulas and thresholds: docs/analysis/monitor.md.
+
+- ``monitor_steps``: per rank, step-time statistics and where the step goes (data wait, GC,
+  the rest), after ``WARMUP`` steps;
+- ``monitor_spikes``: per rank, spikes against a centred rolling median/MAD, their cost and
+  period, and what they coincide with (GC, marked events, data wait);
+- ``monitor_slow_rank``: per communication domain, the slowest rank and whether its excess is
+  data wait or its own compute;
+- ``monitor_cpu``: per rank, CPU use of the process, its workers, the other ranks and the
+  other processes, run-queue wait, affinity and thread counts;
+- ``monitor_env_setting``: per rank, environment settings known to cost performance.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from hermes_kb.facts.base import Evidence, Fact
+from hermes_kb.facts.monitor import MonitorCpu, MonitorEnvSetting, MonitorSlowRank, MonitorSpikes, MonitorSteps
+from hermes_kb.monitor.reader import RankLog, RunLog
+
+WARMUP = 2  # first steps left out (with at least MIN_STEPS_FOR_WARMUP steps)
+MIN_STEPS_FOR_WARMUP = 10
+ROLL = 33  # centred rolling window of the spike test, in steps
+SPIKE_K = 5.0
+MAD_SCALE = 1.4826
+MIN_REL = 0.10  # a spike is at least 10% above its rolling median (MAD can be ~0 on regular loops)
+ATTRIBUTE = 0.5  # a cause explains a spike when it accounts for half its excess
+WITH = 0.25  # a spike "comes with" GC / data wait when that part is a quarter of its excess
+REGULAR = 0.6  # spikes are periodic when 60% of the intervals are within max(1, 10%) of the median
+SYNC_TOL = 0.05  # ranks whose median steps agree within 5% synchronise every step
+CHECKPOINT_RE = re.compile(r"ckpt|checkpoint|save", re.IGNORECASE)
+GC_DEFAULT_GEN0 = 700  # CPython 3.8-3.12 (3.13: 2000)
+TRUE = {"1", "true", "yes", "on"}
+
+
+def _median(x: np.ndarray) -> float:
+    x = x[~np.isnan(x)]
+    return float(np.median(x)) if len(x) else float("nan")
+
+
+def _opt(v: float) -> float | None:
+    return None if v is None or np.isnan(v) else float(v)
+
+
+class _Series:
+    """One rank's step columns as numpy arrays, warm-up steps dropped."""
+
+    def __init__(self, log: RankLog):
+        n = log.steps_count
+        w = WARMUP if n >= MIN_STEPS_FOR_WARMUP else 0
+        self.warmup = w
+        self.step = np.asarray(log.step, dtype=np.int64)[w:]
+        self.wall = np.asarray(log.wall_s, dtype=np.float64)[w:] * 1e6
+        self.dw = np.nan_to_num(np.asarray(log.data_wait_s, dtype=np.float64)[w:]) * 1e6
+        self.gc = np.nan_to_num(np.asarray(log.gc_pause_s, dtype=np.float64)[w:]) * 1e6
+        self.gen2 = np.asarray(log.gc_gen2, dtype=np.int64)[w:]
+        self.cpu = np.asarray(log.cpu_s, dtype=np.float64)[w:] * 1e6
+        self.sps = np.asarray(log.samples_per_s, dtype=np.float64)[w:]
+        self.mfu = np.asarray(log.mfu, dtype=np.float64)[w:]
+        self.flags = np.asarray(log.fluctuation, dtype=np.int8)[w:]
+        first = int(self.step[0]) if len(self.step) else 0
+        self.events = {s: e for s, e in log.events.items() if s >= first}
+        self.device = np.array([v for s, v in log.device_s.items() if s >= first], dtype=np.float64) * 1e6
+
+    def __len__(self) -> int:
+        return len(self.wall)
+
+    @property
+    def compute(self) -> np.ndarray:
+        return self.wall - self.dw - self.gc
+
+
+def _steps_fact(rank: int, s: _Series) -> MonitorSteps:
+    total = float(s.wall.sum())
+    names = sorted({k for e in s.events.values() for k in e})
+    return MonitorSteps(
+        rank=rank,
+        steps_count=len(s),
+        warmup_steps_count=s.warmup,
+        median_us=float(np.median(s.wall)),
+        mean_us=float(s.wall.mean()),
+        p95_us=float(np.percentile(s.wall, 95)),
+        max_us=float(s.wall.max()),
+        total_us=total,
+        data_wait_us=float(s.dw.mean()),
+        data_wait_ratio=min(float(s.dw.sum()) / total, 1.0) if total > 0 else 0.0,
+        gc_us=float(s.gc.mean()),
+        gc_ratio=min(float(s.gc.sum()) / total, 1.0) if total > 0 else 0.0,
+        gc_gen2_count=int(s.gen2.sum()),
+        compute_us=float(np.median(s.compute)),
+        cpu_us=_opt(_median(s.cpu)),
+        device_us=_opt(_median(s.device)) if len(s.device) else None,
+        samples_per_s=_opt(_median(s.sps)),
+        mfu_ratio=_opt(min(_median(s.mfu), 1.0)) if not np.isnan(_median(s.mfu)) else None,
+        events=names[:20],
+        online_fluctuations_count=int(s.flags.sum()),
+        evidence=Evidence(note=f"steps {int(s.step[0])}-{int(s.step[-1])} of the monitor log"),
+    )
+
+
+def rolling_median_mad(x: np.ndarray, window: int = ROLL) -> tuple[np.ndarray, np.ndarray]:
+    """Median and MAD of a centred window of ``window`` steps (shifted inside at the edges)."""
+    n = len(x)
+    if n <= window:
+        m = float(np.median(x))
+        return np.full(n, m), np.full(n, float(np.median(np.abs(x - m))))
+    win = np.lib.stride_tricks.sliding_window_view(x, window)
+    med = np.median(win, axis=1)
+    mad = np.median(np.abs(win - med[:, None]), axis=1)
+    idx = np.clip(np.arange(n) - window // 2, 0, n - window)
+    return med[idx], mad[idx]
+
+
+def _period(steps: np.ndarray) -> tuple[float | None, float | None]:
+    if len(steps) < 3:
+        return None, None
+    gaps = np.diff(steps).astype(np.float64)
+    p = float(np.median(gaps))
+    regular = float(np.mean(np.abs(gaps - p) <= max(1.0, 0.1 * p)))
+    return (p if regular >= REGULAR else None), regular
+
+
+def _spike_facts(rank: int, s: _Series) -> list[MonitorSpikes]:
+    n = len(s)
+    if n < 3:
+        return []
+    med, mad = rolling_median_mad(s.wall)
+    spike = s.wall > med + np.maximum(SPIKE_K * MAD_SCALE * mad, MIN_REL * med)
+    excess = np.where(spike, s.wall - med, 0.0)
+    idx = np.flatnonzero(spike)
+    dw_med = float(np.median(s.dw))
+    parts: dict[str, np.ndarray] = {
+        "gc": np.minimum(s.gc, excess),
+        "checkpoint": np.zeros(n),
+        "marked_event": np.zeros(n),
+        "data_wait": np.minimum(np.maximum(s.dw - dw_med, 0.0), excess),
+    }
+    pos = {int(st): i for i, st in enumerate(s.step)}
+    for st, evs in s.events.items():
+        i = pos.get(st)
+        if i is None:
+            continue
+        for name, sec in evs.items():
+            key = "checkpoint" if CHECKPOINT_RE.search(name) else "marked_event"
+            parts[key][i] += (sec if not np.isnan(sec) else 0.0) * 1e6
+    names = list(parts)
+    stack = np.vstack([np.minimum(parts[k], excess) for k in names])
+    best = np.argmax(stack, axis=0)
+    best_val = stack[best, np.arange(n)]
+    cause = np.where(best_val >= ATTRIBUTE * excess, best, len(names))  # len(names): unexplained
+    total = float(s.wall.sum())
+    mean = float(s.wall.mean())
+
+    def fact(label: str, sel: np.ndarray) -> MonitorSpikes:
+        ex = excess[sel]
+        steps = s.step[sel]
+        evs = sorted({k for st in steps for k in s.events.get(int(st), {})})
+        cnt = len(sel)
+        period, regular = _period(steps)
+        order = sel[np.argsort(-excess[sel])][:5]
+        return MonitorSpikes(
+            rank=rank,
+            cause=label,
+            steps_count=n,
+            spikes_count=cnt,
+            spike_steps=[int(x) for x in steps[:10]],
+            excess_us=float(ex.sum()),
+            excess_per_step_us=float(ex.sum()) / n,
+            excess_ratio=min(float(ex.sum()) / total, 1.0) if total > 0 else 0.0,
+            mean_step_us=mean,
+            largest_excess_us=float(ex.max()) if cnt else 0.0,
+            period_steps=period,
+            period_regularity_ratio=regular,
+            with_gc_ratio=float(np.mean(s.gc[sel] >= WITH * ex)) if cnt else 0.0,
+            with_gen2_ratio=float(np.mean(s.gen2[sel] > 0)) if cnt else 0.0,
+            with_event_ratio=float(np.mean([int(st) in s.events for st in steps])) if cnt else 0.0,
+            with_data_wait_ratio=float(np.mean(parts["data_wait"][sel] >= WITH * ex)) if cnt else 0.0,
+            events=evs[:10],
+            evidence=Evidence(note="largest spikes: " + ", ".join(
+                f"step {int(s.step[i])} {s.wall[i] / 1e3:.1f} ms vs median {med[i] / 1e3:.1f} ms" for i in order)),
+        )  # fmt: skip
+
+    out = [fact("all", idx)]
+    for c, label in enumerate([*names, "unexplained"]):
+        sel = idx[cause[idx] == c]
+        if len(sel):
+            out.append(fact(label, sel))
+    return out
+
+
+def _env_facts(rank: int, log: RankLog, s: _Series, device: str) -> list[MonitorEnvSetting]:
+    env = log.environment or {}
+    var = {str(k): str(v) for k, v in (env.get("env") or {}).items()}
+    step = float(s.wall.mean())
+    cpu = _median(s.cpu)
+    cpu_ok = not np.isnan(cpu)
+    host = min(cpu, float(np.median(s.wall))) if cpu_ok else 0.0
+    found: list[tuple[str, str, str, float]] = []  # issue, variable, value, bound
+    for name in ("CUDA_LAUNCH_BLOCKING", "ASCEND_LAUNCH_BLOCKING"):
+        if var.get(name, "").strip().lower() in TRUE:
+            rest = float(np.median(s.wall - s.dw)) - host
+            found.append(("launch_blocking", name, var[name], max(min(host, rest), 0.0)))
+    debug = {
+        "NCCL_DEBUG": lambda v: v.upper() in ("INFO", "TRACE"),
+        "TORCH_LOGS": lambda v: bool(v.strip()),
+        "TORCH_DISTRIBUTED_DEBUG": lambda v: v.upper() in ("INFO", "DETAIL"),
+        "TORCH_CPP_LOG_LEVEL": lambda v: v.upper() in ("INFO", "0"),
+        "ASCEND_GLOBAL_LOG_LEVEL": lambda v: v.strip() in ("0", "1", "2"),
+        "HCCL_DEBUG": lambda v: v.upper() in ("INFO", "TRACE", "1"),
+    }
+    for name, bad in debug.items():
+        if name in var and bad(var[name]):
+            found.append(("debug_logging", name, var[name], host))
+    for name, issue in (("NCCL_P2P_DISABLE", "p2p_disabled"), ("NCCL_IB_DISABLE", "ib_disabled")):
+        if var.get(name, "").strip().lower() in TRUE:
+            found.append((issue, name, var[name], 0.0))
+    omp = var.get("OMP_NUM_THREADS", "")
+    usable = len(env["affinity"]) if isinstance(env.get("affinity"), list) else env.get("cpu_count")
+    if omp.isdigit() and isinstance(usable, int) and int(omp) > usable:
+        found.append(("omp_threads_too_high", "OMP_NUM_THREADS", omp, 0.0))
+    th = env.get("gc_thresholds")
+    if (isinstance(th, list) and th and isinstance(th[0], int) and 0 < th[0] < GC_DEFAULT_GEN0):
+        found.append(("gc_threshold_lowered", "gc.set_threshold", ",".join(map(str, th)), float(s.gc.mean())))
+    return [
+        MonitorEnvSetting(rank=rank, issue=i, variable=v, value=val, device=device, step_us=step,
+                          cpu_us=cpu if cpu_ok else None, hidden_bound_us=b,
+                          share_ratio=min(b / step, 1.0) if step > 0 else 0.0)  # fmt: skip
+        for i, v, val, b in found
+    ]
+
+
+def _device(log: RankLog) -> str:
+    versions = (log.environment or {}).get("versions") or {}
+    if "torch_npu" in versions:
+        return "npu"
+    if log.device_s or "nccl" in versions:
+        return "gpu"
+    return "cpu"
+
+
+def _sample_median(samples: list[dict], key: str) -> float | None:
+    vals = [float(x[key]) for x in samples if isinstance(x.get(key), (int, float)) and not isinstance(x.get(key), bool)]
+    return float(np.median(vals)) if vals else None
+
+
+def _cpu_fact(rank: int, log: RankLog, s: _Series, run: RunLog) -> MonitorCpu | None:
+    samples = log.samples
+    if not samples:
+        return None
+    env = log.environment or {}
+    aff = env.get("affinity") if isinstance(env.get("affinity"), list) else None
+    usable = len(aff) if aff else (int(u) if (u := _sample_median(samples, "affinity_count")) else None)
+    host = env.get("hostname")
+    mates = [r for r in run.ranks.values() if (r.environment or {}).get("hostname") == host] if host else [log]
+    union: set[int] = set()
+    for r in mates:
+        union.update((r.environment or {}).get("affinity") or [])
+    proc = _sample_median(samples, "process_cpu_cores")
+    kids = _sample_median(samples, "children_cores")
+    kids_n = _sample_median(samples, "children_count")
+    scans = [x for x in samples if "top_procs" in x]
+    per_proc: dict[int, list[float]] = defaultdict(list)
+    names: dict[int, str] = {}
+    for x in scans:
+        for p in x["top_procs"]:
+            if p.get("rel") == "other" and isinstance(p.get("pid"), int):
+                per_proc[p["pid"]].append(float(p.get("cores", 0.0)))
+                names[p["pid"]] = f"{p.get('name')} (pid {p['pid']})"
+    # mean over every scan, a process outside a scan's top 5 counting 0 there
+    tops = sorted(((sum(v) / len(scans), names[pid]) for pid, v in per_proc.items()), reverse=True)
+    tops = [(c, k) for c, k in tops if c >= 0.05][:5]
+
+    def threads(r: RankLog) -> int | None:
+        t = _sample_median(r.samples, "torch_threads") or (r.environment or {}).get("torch_threads")
+        omp = ((r.environment or {}).get("env") or {}).get("OMP_NUM_THREADS", "")
+        if t is None and str(omp).isdigit():
+            t = int(omp)
+        if t is None:
+            return None
+        return int(t) + int(_sample_median(r.samples, "children_count") or 0)
+
+    wanted = [threads(r) for r in mates]
+    wanted_sum = sum(w for w in wanted if w is not None) if all(w is not None for w in wanted) else None
+    host_usable = len(union) if union else usable
+    mean = float(s.wall.mean())
+    rq = _sample_median(samples, "runqueue_wait_ratio")
+    rq = min(rq, 1.0) if rq is not None else None
+    rq_us = rq * mean if rq is not None else None
+    dw = float(s.dw.mean())
+    sysr = _sample_median(samples, "system_cpu_ratio")
+    return MonitorCpu(
+        rank=rank,
+        samples_count=len(samples),
+        machine_cores=env.get("cpu_count"),
+        usable_cores=usable,
+        host_usable_cores=host_usable,
+        pinned=bool(usable and isinstance(env.get("cpu_count"), int) and usable < env["cpu_count"]),
+        host=host,
+        host_ranks_count=len(mates),
+        process_cores=proc,
+        children_cores=kids,
+        children_count=int(kids_n) if kids_n is not None else None,
+        own_busy_ratio=min(((proc or 0.0) + (kids or 0.0)) / usable, 1.0) if usable and proc is not None else None,
+        system_busy_ratio=min(max(sysr, 0.0), 1.0) if sysr is not None else None,
+        others_cores=_sample_median(scans, "others_cores"),
+        siblings_cores=_sample_median(scans, "siblings_cores"),
+        top_other=tops[0][1] if tops else None,
+        top_other_cores=tops[0][0] if tops else None,
+        top_others=[f"{k}: {c:.2f} cores" for c, k in tops],
+        runqueue_wait_ratio=rq,
+        runqueue_wait_us=rq_us,
+        data_wait_us=dw,
+        starved_us=(rq_us or 0.0) + dw,
+        starved_ratio=min(((rq_us or 0.0) + dw) / mean, 1.0) if mean > 0 else 0.0,
+        torch_threads=threads(log) - int(_sample_median(samples, "children_count") or 0) if threads(log) is not None else None,
+        threads_wanted_count=wanted_sum,
+        threads_per_core=wanted_sum / host_usable if wanted_sum is not None and host_usable else None,
+        mean_step_us=mean,
+        evidence=Evidence(note=f"{len(samples)} samples, {len(scans)} process scans"),
+    )
+
+
+def _domains(run: RunLog) -> dict[str, list[int]]:
+    groups: dict[str, list[int]] = defaultdict(list)
+    for r, log in run.ranks.items():
+        for d in (log.environment or {}).get("domains") or []:
+            groups[str(d)].append(r)
+    if not groups:
+        groups["all"] = sorted(run.ranks)
+    return {g: sorted(rs) for g, rs in groups.items()}
+
+
+def _slow_rank(group: str, series: dict[int, _Series]) -> MonitorSlowRank | None:
+    ranks = sorted(series)
+    if len(ranks) < 2:
+        return None
+    wall = {r: float(np.median(series[r].wall)) for r in ranks}
+    dw = {r: float(np.median(series[r].dw)) for r in ranks}
+    comp = {r: float(np.median(series[r].compute)) for r in ranks}
+    cpu = {r: _median(series[r].cpu) for r in ranks}
+    mid = float(np.median(list(wall.values())))
+    sync = (max(wall.values()) - min(wall.values())) <= SYNC_TOL * mid
+
+    def parts(r: int) -> tuple[float, float]:
+        others = [o for o in ranks if o != r]
+        d = max(dw[r] - float(np.median([dw[o] for o in others])), 0.0)
+        if not sync:
+            c = max(comp[r] - float(np.median([comp[o] for o in others])), 0.0)
+        else:
+            # synchronised: the others' compute includes waiting for this rank, so compare the
+            # CPU time the ranks burn per step, converted to wall time at this rank's own rate
+            co = _median(np.array([cpu[o] for o in others]))
+            c = comp[r] * (1 - co / cpu[r]) if not np.isnan(cpu[r]) and not np.isnan(co) and cpu[r] > co > 0 else 0.0
+        return d, max(c, 0.0)
+
+    excess = {r: parts(r) for r in ranks}
+    slow = max(ranks, key=lambda r: (sum(excess[r]), wall[r]))
+    d, c = excess[slow]
+    total = d + c
+    step = max(wall.values())
+
+    def top(vals: dict[int, float]) -> dict[int, float]:
+        return dict(sorted(((r, v) for r, v in vals.items() if not np.isnan(v)), key=lambda kv: -kv[1])[:10])
+
+    return MonitorSlowRank(
+        rank=slow,
+        group=group,
+        ranks_count=len(ranks),
+        steps_count=min(len(series[r]) for r in ranks),
+        synchronized=sync,
+        per_rank_step_us=top(wall),
+        per_rank_data_wait_us=top(dw),
+        per_rank_cpu_us=top(cpu),
+        step_us=step,
+        others_step_us=float(np.median([wall[o] for o in ranks if o != slow])),
+        data_wait_excess_us=d,
+        compute_excess_us=c,
+        excess_us=total,
+        excess_ratio=min(total / step, 1.0) if step > 0 else 0.0,
+        cause="data_wait" if d >= c else "compute",
+        data_share_ratio=d / total if total > 0 else 0.0,
+        evidence=Evidence(note=f"medians per rank over the monitored steps; ranks {ranks}"),
+    )
+
+
+def monitor_facts(run: RunLog) -> list[Fact]:
+    facts: list[Fact] = []
+    series: dict[int, _Series] = {}
+    for r in sorted(run.ranks):
+        log = run.ranks[r]
+        s = _Series(log)
+        if len(s) == 0:
+            continue
+        series[r] = s
+        facts.append(_steps_fact(r, s))
+        facts.extend(_spike_facts(r, s))
+        if (cpu := _cpu_fact(r, log, s, run)) is not None:
+            facts.append(cpu)
+        facts.extend(_env_facts(r, log, s, _device(log)))
+    for group, ranks in _domains(run).items():
+        f = _slow_rank(group, {r: series[r] for r in ranks if r in series})
+        if f is not None:
+            facts.append(f)
+    return facts
+
+
+def platform_of(run: RunLog) -> str:
+    kinds = {_device(log) for log in run.ranks.values()}
+    return "npu" if "npu" in kinds else "gpu" if "gpu" in kinds else "cpu"
+
+
+def summary_of(run: RunLog) -> list[dict[str, Any]]:
+    out = []
+    for r in sorted(run.ranks):
+        s = _Series(run.ranks[r])
+        if len(s) == 0:
+            continue
+        out.append({"rank": r, "steps_count": len(s), "mean_step_us": float(s.wall.mean()),
+                    "breakdown_us": {"data_wait_us": float(s.dw.mean()), "gc_us": float(s.gc.mean()),
+                                     "compute_us": float(s.compute.mean())}})  # fmt: skip
+    return out

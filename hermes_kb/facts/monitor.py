@@ -1,0 +1,165 @@
+"""Facts measured on the always-on monitor's logs (analyzers/monitor_log.py): the whole run,
+not a few profiled steps. Times are per-step values in µs unless the field says total.
+Formulas: docs/analysis/monitor.md."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .base import Fact, measure, ratio, us
+
+
+def cores(description: str, **kw):
+    return measure("cores", description, **kw)
+
+
+class MonitorSteps(Fact):
+    """One rank's step times over the whole monitored run (warm-up steps left out)."""
+
+    kind: Literal["monitor_steps"] = "monitor_steps"
+    steps_count: int = measure("count", "steps analysed (after the warm-up steps)")
+    warmup_steps_count: int = measure("count", "first steps left out (compilation, caches, allocator warm-up)")
+    median_us: float = us("median step time")
+    mean_us: float = us("mean step time")
+    p95_us: float = us("95th percentile step time")
+    max_us: float = us("longest step")
+    total_us: float = us("sum of the analysed step times")
+    data_wait_us: float = us("mean time per step blocked waiting for the next batch")
+    data_wait_ratio: float = ratio("data wait / step time, over the analysed steps")
+    gc_us: float = us("mean Python GC pause per step")
+    gc_ratio: float = ratio("GC pause / step time, over the analysed steps")
+    gc_gen2_count: int = measure("count", "full (generation 2) collections in the analysed steps")
+    compute_us: float = us("median per step of step time - data wait - GC pause (model work, waits for peers, rest)")
+    cpu_us: float | None = us("median process CPU time per step (all threads), when recorded", default=None)
+    device_us: float | None = us("median device step time (CUDA events between step boundaries)", default=None)
+    samples_per_s: float | None = measure("samples/s", "median throughput, when samples per step were given",
+                                          default=None)  # fmt: skip
+    mfu_ratio: float | None = ratio("median model FLOPs utilisation, when FLOPs were given", default=None)
+    events: list[str] = Field(default_factory=list, description="names of the marked events (checkpoint, eval, ...)")
+    online_fluctuations_count: int = measure("count", "steps the monitor flagged while running")
+
+
+SpikeCause = Literal["all", "gc", "checkpoint", "marked_event", "data_wait", "unexplained"]
+
+
+class MonitorSpikes(Fact):
+    """Step-time spikes of one rank over the monitored run, for all spikes (cause ``all``) and
+    for those attributed to one cause. A spike is a step above its rolling median (33 steps,
+    centred) by more than max(5 x 1.4826 x MAD, 10% of the median); its excess over the median is
+    attributed to the largest of: GC pause, marked checkpoint events, other marked events, data
+    wait above the median data wait, when that part is at least half the excess (else
+    ``unexplained``)."""
+
+    kind: Literal["monitor_spikes"] = "monitor_spikes"
+    cause: SpikeCause
+    steps_count: int = measure("count", "steps analysed")
+    spikes_count: int = measure("count", "spikes of this cause")
+    spike_steps: list[int] = Field(default_factory=list, description="first spike steps (at most 10)")
+    excess_us: float = us("total over these spikes of (step time - rolling median)")
+    excess_per_step_us: float = us("excess_us / steps analysed: what the spikes cost per step on average")
+    excess_ratio: float = ratio("excess_us / total step time: share of the run lost to these spikes")
+    mean_step_us: float = us("mean step time over the analysed steps")
+    largest_excess_us: float = us("excess of the largest spike")
+    period_steps: float | None = measure(
+        "count", "median interval between consecutive spikes, when regular (>= 3 spikes)", default=None
+    )
+    period_regularity_ratio: float | None = ratio(
+        "share of the intervals within max(1 step, 10%) of that median", default=None
+    )
+    with_gc_ratio: float = ratio("share of these spikes with a GC pause of at least a quarter of the excess")
+    with_gen2_ratio: float = ratio("share of these spikes with a full (generation 2) collection")
+    with_event_ratio: float = ratio("share of these spikes with a marked event")
+    with_data_wait_ratio: float = ratio("share of these spikes whose data wait exceeds the median by a quarter of the excess")
+    events: list[str] = Field(default_factory=list, description="marked events on these spikes")
+
+
+class MonitorSlowRank(Fact):
+    """The slowest rank of one communication domain (rank = that rank). Per-rank medians of the
+    step and its parts are compared with the median of the other ranks. When the ranks' step
+    times agree within 5% they synchronise every step (they wait for each other), so the slow
+    rank is found by its own work: data wait above the others', and process CPU time above the
+    others' (scaled to wall time at its own cores in use)."""
+
+    kind: Literal["monitor_slow_rank"] = "monitor_slow_rank"
+    group: str = Field(description="communication domain (from Monitor(domains=...)); 'all': every rank of the run")
+    ranks_count: int = measure("count", "ranks compared")
+    steps_count: int = measure("count", "fewest analysed steps of a compared rank")
+    synchronized: bool = Field(description="the ranks' median step times agree within 5%")
+    per_rank_step_us: dict[int, float] = us("median step time per rank (10 slowest)", default_factory=dict)
+    per_rank_data_wait_us: dict[int, float] = us("median data wait per rank (10 largest)", default_factory=dict)
+    per_rank_cpu_us: dict[int, float] = us("median process CPU time per step per rank (10 largest)",
+                                           default_factory=dict)  # fmt: skip
+    step_us: float = us("the job's step time: the slowest rank's median step")
+    others_step_us: float = us("median over the other ranks of their median step")
+    data_wait_excess_us: float = us("slow rank's median data wait - the others' median")
+    compute_excess_us: float = us("slow rank's own work above the others', outside data wait")
+    excess_us: float = us("data_wait_excess_us + compute_excess_us: what the slow rank adds to every step")
+    excess_ratio: float = ratio("excess_us / step_us")
+    cause: Literal["data_wait", "compute"] = Field(description="the larger part of the excess")
+    data_share_ratio: float = ratio("data_wait_excess_us / excess_us")
+
+
+class MonitorCpu(Fact):
+    """CPU use around one rank, from the monitor's low-rate samples (medians over samples)."""
+
+    kind: Literal["monitor_cpu"] = "monitor_cpu"
+    samples_count: int = measure("count", "resource samples")
+    machine_cores: int | None = measure("count", "CPUs of the machine", default=None)
+    usable_cores: int | None = measure("count", "CPUs the process may run on (affinity mask)", default=None)
+    host_usable_cores: int | None = measure("count", "CPUs in the union of the masks of the ranks on this host",
+                                            default=None)  # fmt: skip
+    pinned: bool = Field(default=False, description="the affinity mask holds fewer CPUs than the machine has")
+    host: str | None = Field(default=None, description="host name")
+    host_ranks_count: int = measure("count", "monitored ranks on the same host", default=1)
+    process_cores: float | None = cores("cores the training process used", default=None)
+    children_cores: float | None = cores("cores its child processes (DataLoader workers) used", default=None)
+    children_count: int | None = measure("count", "child processes", default=None)
+    own_busy_ratio: float | None = ratio(
+        "(process + children cores) / usable cores: how full the affinity mask is (capped at 1)", default=None
+    )
+    system_busy_ratio: float | None = ratio("busy share of all the machine's CPUs", default=None)
+    others_cores: float | None = cores("cores used by processes that are not this job's (not children, not ranks)",
+                                       default=None)  # fmt: skip
+    siblings_cores: float | None = cores("cores used by the job's other ranks on the host", default=None)
+    top_other: str | None = Field(default=None, description="the busiest other process, 'name (pid N)'")
+    top_other_cores: float | None = cores("cores it used", default=None)
+    top_others: list[str] = Field(default_factory=list, description="up to 5 busiest other processes with their cores")
+    runqueue_wait_ratio: float | None = ratio(
+        "share of wall time the main thread was runnable but waiting for a CPU (/proc/self/schedstat)", default=None
+    )
+    runqueue_wait_us: float | None = us("runqueue_wait_ratio x mean step: per step", default=None)
+    data_wait_us: float = us("mean data wait per step (from the step records)")
+    starved_us: float = us("runqueue_wait_us + data_wait_us: time per step the loop waits for CPU or for data")
+    starved_ratio: float = ratio("starved_us / mean step")
+    torch_threads: int | None = measure("count", "torch intra-op threads of the rank", default=None)
+    threads_wanted_count: int | None = measure(
+        "count", "on this host: per rank, torch threads + DataLoader workers, summed over its ranks", default=None
+    )
+    threads_per_core: float | None = measure(
+        "threads per core", "threads_wanted_count / host_usable_cores (above 1: oversubscribed)", default=None
+    )
+    mean_step_us: float = us("mean step time")
+
+
+EnvIssue = Literal[
+    "launch_blocking", "debug_logging", "p2p_disabled", "ib_disabled", "omp_threads_too_high", "gc_threshold_lowered"
+]
+
+
+class MonitorEnvSetting(Fact):
+    """A setting in the rank's recorded environment known to cost performance."""
+
+    kind: Literal["monitor_env_setting"] = "monitor_env_setting"
+    issue: EnvIssue
+    variable: str = Field(description="the environment variable (or gc.set_threshold)")
+    value: str = Field(description="its value")
+    device: Literal["cpu", "gpu", "npu"] = Field(description="what the rank trained on, as far as the log shows")
+    step_us: float = us("mean step time")
+    cpu_us: float | None = us("median process CPU time per step", default=None)
+    hidden_bound_us: float = us(
+        "what the setting can cost per step at most: launch blocking min(host CPU, step - host CPU - data wait) "
+        "(without it host and device overlap); debug logging the host CPU time; GC the GC pause; else 0"
+    )
+    share_ratio: float = ratio("hidden_bound_us / step_us")

@@ -1,0 +1,86 @@
+"""Advice on a monitor RUN_DIR: the rank<R>.jsonl logs of the whole run, plus the newest
+rank<R>.capture<ID>.json.gz trace of each rank when the monitor captured some (analysed with
+the normal trace pipeline; their facts join the monitor's)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import HermesError, NoTracesError
+from .facts.base import Fact
+from .monitor.reader import RunLog, is_run_dir, read_run
+from .trace import TraceBundle
+
+
+@dataclass
+class RunAnalysis:
+    run: RunLog
+    facts: list[Fact]
+    bundle: TraceBundle | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+def as_run_dir(paths) -> Path | None:
+    """The run directory when the input is exactly one directory holding monitor logs."""
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if len(items) == 1 and is_run_dir(items[0]):
+        return Path(items[0])
+    return None
+
+
+def analyze_run_dir(run_dir: str | os.PathLike, *, max_workers: int | None = None) -> RunAnalysis:
+    from .analysis import analyze_bundle
+    from .analyzers.monitor_log import monitor_facts
+    from .trace import load
+
+    run = read_run(run_dir)
+    if not run.ranks:
+        raise NoTracesError("no monitor step records in any rank<R>.jsonl", str(run_dir))
+    warnings = list(run.warnings)
+    facts = monitor_facts(run)
+    bundle = None
+    newest = [ps[-1] for _, ps in sorted(run.captures.items())]
+    if newest:
+        try:
+            bundle = load([str(p) for p in newest], max_workers=max_workers)
+            facts.extend(analyze_bundle(bundle, max_workers=max_workers))
+            warnings += [f"skipped {p.message}" for p in bundle.problems] + list(bundle.warnings)
+        except HermesError as err:
+            warnings.append(f"captured traces not analysed: {err}")
+    warnings += [f"analyzer {f.analyzer} failed on rank {f.rank}: {f.message}"
+                 for f in facts if f.kind == "analyzer_error"]  # fmt: skip
+    return RunAnalysis(run=run, facts=facts, bundle=bundle, warnings=warnings)
+
+
+def advise_run_dir(run_dir: str | os.PathLike, *, config=None, engine="auto", top: int | None = None,
+                   rank: int | None = None):  # fmt: skip
+    from . import __version__
+    from .advisor import _platform, findings_from, knowledge_base
+    from .analyzers.monitor_log import platform_of, summary_of
+    from .kb.engine import infer
+    from .report import Inputs, KbInfo, RankSummary, Report
+
+    ra = analyze_run_dir(run_dir)
+    kb = knowledge_base(config)
+    inf = infer(kb, ra.facts, engine)
+    platform = platform_of(ra.run)
+    if ra.bundle is not None and platform == "cpu":
+        platform = _platform(ra.bundle)
+    findings = findings_from(inf, kb, platform)
+    summary = [RankSummary(steps=[], **s) for s in summary_of(ra.run)]
+    if rank is not None:
+        findings = [f for f in findings if not f.ranks or rank in f.ranks]
+        summary = [s for s in summary if s.rank == rank]
+    if top is not None:
+        findings = findings[:top]
+    skipped = [p.path for p in ra.bundle.problems] if ra.bundle is not None else []
+    return Report(
+        hermes_version=__version__,
+        inputs=Inputs(sources=ra.run.sources, ranks=sorted(ra.run.ranks), skipped=skipped),
+        summary=summary,
+        findings=findings,
+        kb=KbInfo(rules=len(kb.active_rules()), cases=len(kb.active_cases()), engine=inf.engine),
+        warnings=ra.warnings,
+    )
