@@ -84,9 +84,15 @@ _ENV = SandboxedEnvironment(undefined=jinja2.ChainableUndefined, autoescape=Fals
 _ENV.filters.update(ms=_ms, pct=_pct, mb=_mb, us=lambda v: f"{float(v):,.1f} µs" if isinstance(v, (int, float)) else "?")
 
 
-def _explain(case: Case, m: Match) -> str:
+def _explain(case: Case, m: Match, originals: dict | None = None) -> str:
+    def fields(flat: dict) -> _Obj:
+        # the engines see scalars only; the template also gets the fact's lists (e.g. spike steps)
+        orig = (originals or {}).get(flat.get("_id"))
+        full = orig.model_dump(exclude={"evidence"}) if orig is not None else {}
+        return _Obj({**{k: v for k, v in full.items() if isinstance(v, list)}, **flat})
+
     try:
-        return _ENV.from_string(case.explanation).render(**{k: _Obj(v) for k, v in m.bindings.items()}).strip()
+        return _ENV.from_string(case.explanation).render(**{k: fields(v) for k, v in m.bindings.items()}).strip()
     except jinja2.TemplateError as exc:
         return f"{case.title} ({exc})"
 
@@ -212,7 +218,7 @@ def findings_from(inf: Inference, kb: KnowledgeBase, platform: str) -> list[Find
                                        risk=o.risk)  # fmt: skip
                     for o in case.optimizations
                 ],
-                explanation=_explain(case, best),
+                explanation=_explain(case, best, inf.originals),
                 references=list(case.references),
             )
         )
@@ -302,8 +308,14 @@ def advise(
     top: int | None = None,
     rank: int | None = None,
 ) -> Report:
-    """Diagnose a trace: findings ranked by expected gain. Safe to call repeatedly and from
+    """Diagnose a trace, or a monitor RUN_DIR (its rank<R>.jsonl logs and captured traces):
+    findings ranked by expected gain. Safe to call repeatedly and from
     several threads (the KB is loaded once; the rules engine is used behind a lock)."""
+    if not isinstance(path_or_bundle, TraceBundle):
+        from .run_advice import advise_run_dir, as_run_dir
+
+        if (run_dir := as_run_dir(path_or_bundle)) is not None:  # a monitor RUN_DIR (rank<R>.jsonl)
+            return advise_run_dir(run_dir, config=config, engine=engine, top=top, rank=rank)
     bundle = path_or_bundle if isinstance(path_or_bundle, TraceBundle) else load(path_or_bundle)
     return advise_bundle(bundle, config=config, engine=engine, top=top, rank=rank)
 

@@ -56,5 +56,10 @@ def analyze_bundle(bundle: TraceBundle, *, max_workers: int | None = None) -> li
 
 def analyze(path_or_bundle: TraceBundle | str | os.PathLike | Sequence, *, max_workers: int | None = None) -> list[Fact]:
     """Facts about a trace: ``hermes_kb.analyze("trace.json.gz")`` or ``analyze(bundle)``."""
+    if not isinstance(path_or_bundle, TraceBundle):
+        from .run_advice import analyze_run_dir, as_run_dir
+
+        if (run_dir := as_run_dir(path_or_bundle)) is not None:  # a monitor RUN_DIR (rank<R>.jsonl)
+            return analyze_run_dir(run_dir, max_workers=max_workers).facts
     bundle = path_or_bundle if isinstance(path_or_bundle, TraceBundle) else load(path_or_bundle, max_workers=max_workers)
     return analyze_bundle(bundle, max_workers=max_workers)

@@ -46,6 +46,18 @@ def _load(paths: list[Path]):
     return bundle
 
 
+def _run_dir(paths: list[Path]) -> Path | None:
+    """A monitor RUN_DIR given alone (rank<R>.jsonl logs): read as a run, not as traces."""
+    from .run_advice import as_run_dir
+
+    return as_run_dir(paths)
+
+
+def _warn(notes: list[str]) -> None:
+    for note in notes:
+        typer.echo(f"hermes: warning: {note}", err=True)
+
+
 @app.command()
 def inspect(
     paths: Annotated[list[Path], typer.Argument(help="trace file(s) or a directory of per-rank traces")],
@@ -68,15 +80,22 @@ def inspect(
 
 @app.command()
 def analyze(
-    paths: Annotated[list[Path], typer.Argument(help="trace file(s) or a directory of per-rank traces")],
+    paths: Annotated[list[Path], typer.Argument(help="trace file(s), a directory of per-rank traces, or a monitor RUN_DIR")],
     fmt: Annotated[Format, typer.Option("--format", "-f", help="table or json")] = Format.table,
     kind: Annotated[list[str] | None, typer.Option("--kind", "-k", help="only facts of these kinds")] = None,
 ) -> None:
-    """Measure the trace and print the typed facts the analyzers emit."""
+    """Measure the trace (or the monitor logs of a run) and print the typed facts the analyzers emit."""
     from .analysis import analyze_bundle
 
     try:
-        facts = analyze_bundle(_load(paths))
+        if (run_dir := _run_dir(paths)) is not None:
+            from .run_advice import analyze_run_dir
+
+            ra = analyze_run_dir(run_dir)
+            _warn(ra.warnings)
+            facts = ra.facts
+        else:
+            facts = analyze_bundle(_load(paths))
     except HermesError as err:
         _fail(err)
     if kind:
@@ -109,7 +128,7 @@ class EngineOpt(str, Enum):
 
 @app.command()
 def advise(
-    paths: Annotated[list[Path], typer.Argument(help="trace file(s) or a directory of per-rank traces")],
+    paths: Annotated[list[Path], typer.Argument(help="trace file(s), a directory of per-rank traces, or a monitor RUN_DIR")],
     fmt: Annotated[ReportFormat, typer.Option("--format", "-f", help="term, md or json")] = ReportFormat.term,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="write the report to this file")] = None,
     top: Annotated[int | None, typer.Option("--top", help="show at most N findings", min=1)] = None,
@@ -126,7 +145,13 @@ def advise(
     from .report import SEVERITY_ORDER
 
     try:
-        report = advise_bundle(_load(paths), config=config, engine=engine.value, top=top, rank=rank)
+        if (run_dir := _run_dir(paths)) is not None:
+            from .run_advice import advise_run_dir
+
+            report = advise_run_dir(run_dir, config=config, engine=engine.value, top=top, rank=rank)
+            _warn(report.warnings)
+        else:
+            report = advise_bundle(_load(paths), config=config, engine=engine.value, top=top, rank=rank)
     except HermesError as err:
         _fail(err)
     if fmt is ReportFormat.json:

@@ -65,6 +65,9 @@ class RankSummary(BaseModel):
     rank: int
     device: str | None = None
     steps: list[StepSummary]
+    steps_count: int | None = Field(
+        default=None, description="steps analysed when they are not listed (a monitor log of the whole run)"
+    )
     mean_step_us: float | None = None
     breakdown_us: dict[str, float] = Field(
         default_factory=dict, description="mean per step: where the time goes (from the overlap analysis)"
