@@ -179,7 +179,7 @@ class NpuEnvironment(Fact):
     kind: Literal["npu_environment"] = "npu_environment"
     recorded: dict[str, str] = Field(default_factory=dict, description="variable -> value as recorded ('' = unset)")
     launch_blocking: bool = Field(description="ASCEND_LAUNCH_BLOCKING=1")
-    log_level: int | None = Field(default=None, description="ASCEND_GLOBAL_LOG_LEVEL (0 debug, 1 info, 2 warning, 3 error, 4 null); null when unset")
+    log_level: int | None = measure("level", "ASCEND_GLOBAL_LOG_LEVEL (0 debug, 1 info, 2 warning, 3 error, 4 null); null when unset", default=None)
     debug_logging: bool = Field(description="log level 0 or 1 (debug / info): every API call is logged")
     alloc_conf_set: bool = Field(description="PYTORCH_NPU_ALLOC_CONF set")
     expandable_segments: bool = Field(description="PYTORCH_NPU_ALLOC_CONF has expandable_segments:True")
