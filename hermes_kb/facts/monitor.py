@@ -74,6 +74,9 @@ class MonitorSpikes(Fact):
     with_data_wait_ratio: float = ratio("share of these spikes whose data wait exceeds the median by a quarter of the excess")
     events: list[str] = Field(default_factory=list, description="marked events on these spikes")
 
+    def scope(self) -> str:  # one fact per cause and rank: findings on different causes stay apart
+        return f"{super().scope()}, {self.cause} spikes"
+
 
 class MonitorSlowRank(Fact):
     """The slowest rank of one communication domain (rank = that rank). Per-rank medians of the
@@ -99,6 +102,9 @@ class MonitorSlowRank(Fact):
     excess_ratio: float = ratio("excess_us / step_us")
     cause: Literal["data_wait", "compute"] = Field(description="the larger part of the excess")
     data_share_ratio: float = ratio("data_wait_excess_us / excess_us")
+
+    def scope(self) -> str:
+        return f"{super().scope()}, domain {self.group}"
 
 
 class MonitorCpu(Fact):
@@ -163,3 +169,6 @@ class MonitorEnvSetting(Fact):
         "(without it host and device overlap); debug logging the host CPU time; GC the GC pause; else 0"
     )
     share_ratio: float = ratio("hidden_bound_us / step_us")
+
+    def scope(self) -> str:
+        return f"{super().scope()}, {self.variable}"
