@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,8 @@ def test_every_numeric_fact_field_has_a_unit():
         for name, field in cls.model_fields.items():
             ann = str(field.annotation)
             ident = name in IDENTIFIERS or name.endswith(("_rank", "_step", "_id"))
-            if ("float" in ann or "int" in ann) and not ident and "list" not in ann and "dict" not in ann:
+            # whole words: a Literal value such as 'checkpoint' is not an int
+            if re.search(r"\b(float|int)\b", ann) and not ident and "list" not in ann and "dict" not in ann:
                 extra = field.json_schema_extra or {}
                 if "unit" not in extra:
                     missing.append(f"{kind}.{name}")
