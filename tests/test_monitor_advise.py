@@ -211,7 +211,7 @@ def _check_two_ranks(report: dict) -> None:
 
 
 def test_recorded_two_rank_run():
-    """The committed run (benchmarks/scenarios/monitor_two_ranks.py): numbers checked by hand from
+    """The committed run (benchmarks/monitor_two_ranks.py): numbers checked by hand from
     its logs in test_recorded_numbers_by_hand."""
     out = subprocess.run([sys.executable, "-m", "hermes_kb.cli", "advise", str(RECORDED), "--format", "json"],
                          capture_output=True, text=True)  # fmt: skip
@@ -234,7 +234,7 @@ def test_recorded_numbers_by_hand():
 def test_real_two_process_run(tmp_path):
     """Two real processes under the Monitor: rank 1 slow, rank 0 with a GC storm."""
     run = tmp_path / "run"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks/scenarios/monitor_two_ranks.py"), str(run), "--steps", "160"],
+    subprocess.run([sys.executable, str(ROOT / "benchmarks/monitor_two_ranks.py"), str(run), "--steps", "160"],
                    check=True, timeout=300)  # fmt: skip
     out = subprocess.run([sys.executable, "-m", "hermes_kb.cli", "advise", str(run), "--format", "json"],
                          capture_output=True, text=True)  # fmt: skip
@@ -247,7 +247,7 @@ def test_real_two_rank_gloo_run(tmp_path):
     its own CPU work, the GC storm by rank 0's spikes, and auto-captures are taken and analysed."""
     pytest.importorskip("torch", reason="torch is an optional extra (pip install 'hermes-kb[torch]')")
     run = tmp_path / "run"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks/scenarios/monitor_two_ranks_gloo.py"), str(run),
+    subprocess.run([sys.executable, str(ROOT / "benchmarks/monitor_two_ranks_gloo.py"), str(run),
                     "--steps", "160"], check=True, timeout=500, capture_output=True)  # fmt: skip
     assert list(run.glob("rank*.capture*.json.gz"))  # fluctuations triggered captures
     out = subprocess.run([sys.executable, "-m", "hermes_kb.cli", "advise", str(run), "--format", "json"],

@@ -8,7 +8,7 @@ training a toy "model" (pure-Python arithmetic, ~10 ms a step), with two injecte
 - both ranks save a "checkpoint" (a 30 ms write, marked with ``mon.event("checkpoint")``)
   every 50 steps, which the advisor must tell apart from the GC spikes.
 
-    python benchmarks/scenarios/monitor_two_ranks.py OUT_DIR [--steps 300]
+    python benchmarks/monitor_two_ranks.py OUT_DIR [--steps 300]
 
 writes OUT_DIR/rank0.jsonl and OUT_DIR/rank1.jsonl; ``hermes advise OUT_DIR`` should name
 the slow rank (1, compute) and the GC spikes (rank 0). tests/data/monitor_runs/two_ranks/
@@ -26,7 +26,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hermes_kb.monitor import Monitor  # noqa: E402
 

@@ -9,7 +9,7 @@ rank has to be found from its own work. Needs torch (torch==2.13.0).
 - the Monitor runs with auto_capture=True: a flagged fluctuation triggers a 2-step torch.profiler
   capture (at most 2 an hour), written next to the logs and analysed by ``hermes advise``.
 
-    /tmp/torchvenv/bin/python benchmarks/scenarios/monitor_two_ranks_gloo.py OUT_DIR [--steps 200]
+    /tmp/torchvenv/bin/python benchmarks/monitor_two_ranks_gloo.py OUT_DIR [--steps 200]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def run_rank(rank: int, world: int, out: str, steps: int, port: int) -> None:
