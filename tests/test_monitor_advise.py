@@ -216,7 +216,10 @@ def test_recorded_two_rank_run():
     out = subprocess.run([sys.executable, "-m", "hermes_kb.cli", "advise", str(RECORDED), "--format", "json"],
                          capture_output=True, text=True)  # fmt: skip
     assert out.returncode == 0, out.stderr
-    _check_two_ranks(json.loads(out.stdout))
+    report = json.loads(out.stdout)
+    _check_two_ranks(report)
+    ckpt = next(f for f in report["findings"] if f["case_id"] == "C-MON-003")  # marked saves, told apart from GC
+    assert ckpt["ranks"] == [0, 1]
 
 
 def test_recorded_numbers_by_hand():

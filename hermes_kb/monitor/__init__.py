@@ -8,9 +8,12 @@
             mon.step()                      # one call per step
 
 Writes ``RUN_DIR/rank<R>.jsonl``: one environment record, then one record per step (wall
-time, data wait, throughput, MFU when FLOPs are given, GC collections and pause time, a
-fluctuation flag) and, every ``sample_every`` steps, process and system CPU use, memory and
-affinity. Memory stays bounded however long the run: only a fixed window of step times is kept.
+time, data wait, process CPU time, throughput, MFU when FLOPs are given, GC collections and
+pause time, marked events such as ``with mon.event("checkpoint")``, device step times from
+CUDA events read lazily, a fluctuation flag) and, every ``sample_every`` steps, process and
+system CPU use, run-queue wait, memory, affinity and the busiest other processes. Memory stays
+bounded however long the run: only a fixed window of step times is kept. ``hermes advise
+RUN_DIR`` reads the logs back.
 """
 
 from .detect import RollingDetector
