@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..errors import BadTraceError, HermesError
+from ..errors import BadTraceError
 from . import ascend_tables as at
 from . import kineto_frames as kf
 from .ascend_files import AscendFiles, read_meta
@@ -40,19 +40,12 @@ from .ascend_timeline import Timeline, read_timeline
 from .bundle import RankTrace, TraceMeta
 from .columns import call_tree
 from .kineto_joins import steps as steps_of_annotations
-from .names import annotation_kind, collective_kind
+from .names import annotation_kind, collective_kind, dtype_bytes
 
 _SKIP_TASKS = {"EVENT_RECORD_SQE", "EVENT_WAIT_SQE", "PLACE_HOLDER_SQE", "Notify Wait", "Write Value",
                "NOTIFY_WAIT_SQE", "NOTIFY_RECORD_SQE", "WRITE_VALUE_SQE"}  # fmt: skip
 _SKIP_NAMES = {"EVENT_RECORD", "EVENT_WAIT", "PROFILING_ENABLE", "PROFILING_DISABLE", "NOTIFY_WAIT", "NOTIFY_RECORD"}
-_ASCEND_DTYPE_BYTES = {"fp32": 4, "float": 4, "float32": 4, "int32": 4, "uint32": 4, "fp16": 2, "float16": 2,
-                       "bfp16": 2, "bf16": 2, "bfloat16": 2, "int16": 2, "uint16": 2, "int8": 1, "uint8": 1,
-                       "fp64": 8, "int64": 8, "uint64": 8, "double": 8}  # fmt: skip
 _SEQ_RE = re.compile(r"_(\d+)_\d+$")
-
-
-def ascend_dtype_bytes(dtype: str) -> int | None:
-    return _ASCEND_DTYPE_BYTES.get(str(dtype).strip().lower())
 
 
 def runtime_kind_npu(name: str) -> str:
@@ -390,11 +383,11 @@ def _collectives(tl, comm_ops, kd, matrix, meta_a, device_id: int, k_offset: int
         extra = info.loc[name].to_dict() if info is not None and name in info.index else {}
         group = str(extra.get("group") or getattr(r, "group", "") or "")
         ranks = group_ranks.get(group, [])
-        size = ascend_dtype_bytes(getattr(r, "data_type", ""))
+        size = dtype_bytes(str(getattr(r, "data_type", "") or "").strip())
         count = int(getattr(r, "count", -1))
         m = _SEQ_RE.search(name)
         row = {
-            "name": name, "kind": _npu_collective_kind(name), "ts": r.ts, "dur": r.dur, "end": r.end,
+            "name": name, "kind": collective_kind(name), "ts": r.ts, "dur": r.dur, "end": r.end,
             "source": "kernel", "kernel_idx": k_offset + i, "cpu_idx": -1, "device": device_id, "stream": int(r.stream),
             "ext_id": -1, "collective": name.split("__")[0].removeprefix("hcom_"), "pg_name": group,
             "pg_desc": _group_desc(ranks, meta_a), "pg_ranks": str(ranks) if ranks else "",
@@ -416,13 +409,6 @@ def _collectives(tl, comm_ops, kd, matrix, meta_a, device_id: int, k_offset: int
                 row["in_bytes"] = int(row["transit_bytes"])
         rows.append(row)
     return kern, pd.DataFrame(rows)
-
-
-def _npu_collective_kind(name: str) -> str:
-    low = name.lower()
-    if "receive" in low:
-        return "recv"
-    return collective_kind(name)
 
 
 def _hccl_streams(tl: Timeline, h: pd.DataFrame) -> np.ndarray:
@@ -523,8 +509,8 @@ def _ext_ids(tl: Timeline | None, frames: dict[str, pd.DataFrame], links: pd.Dat
     ops = frames["cpu_ops"]
     if tl is None or not len(tl.op_flows) or not len(ops):
         return
-    first = 0.0  # called before the frames are moved to the rank's origin: flows share their axis
-    key = pd.DataFrame({"tid": ops["tid"].to_numpy(), "ts": np.round(ops["ts"].to_numpy() + first, 3),
+    # called before the frames are moved to the rank's origin: flows and frames share one time axis
+    key = pd.DataFrame({"tid": ops["tid"].to_numpy(), "ts": np.round(ops["ts"].to_numpy(), 3),
                         "depth": ops["depth"].to_numpy(), "ext": ops["ext_id"].to_numpy()})  # fmt: skip
     key = key.sort_values("depth", ascending=False).drop_duplicates(["tid", "ts"]).set_index(["tid", "ts"])["ext"]
     fl = tl.op_flows
@@ -536,7 +522,7 @@ def _ext_ids(tl: Timeline | None, frames: dict[str, pd.DataFrame], links: pd.Dat
     for name in ("kernels", "memcpy"):
         df = frames[name]
         if len(df):
-            got = by_ts.reindex(np.round(df["ts"].to_numpy() + first, 3)).to_numpy()
+            got = by_ts.reindex(np.round(df["ts"].to_numpy(), 3)).to_numpy()
             df["ext_id"] = np.where(np.isnan(got.astype(np.float64)), df["ext_id"].to_numpy(), np.nan_to_num(got, nan=-1)).astype(np.int64)
     if len(links):
         for kind, name in (("kernel", "kernels"), ("memcpy", "memcpy")):
@@ -550,7 +536,3 @@ def _ext_ids(tl: Timeline | None, frames: dict[str, pd.DataFrame], links: pd.Dat
             rext[rt_idx] = e
             frames["runtime"]["ext_id"] = rext
             links.loc[sel, "runtime_ext_id"] = e
-
-
-def load_error(exc: Exception, path: str) -> HermesError:
-    return exc if isinstance(exc, HermesError) else BadTraceError(f"unexpected {type(exc).__name__}: {exc}", path)

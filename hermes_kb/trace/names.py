@@ -87,7 +87,7 @@ _COLL_PATTERNS = [
     ("broadcast", re.compile(r"broadcast", re.I)),
     ("send_recv", re.compile(r"sendrecv|send_recv", re.I)),
     ("send", re.compile(r"\bsend|_send|nccl:send", re.I)),
-    ("recv", re.compile(r"recv", re.I)),
+    ("recv", re.compile(r"recv|receive", re.I)),
     ("barrier", re.compile(r"barrier", re.I)),
     ("reduce", re.compile(r"reduce", re.I)),
     ("gather", re.compile(r"gather", re.I)),
@@ -117,6 +117,7 @@ _DTYPE_BYTES = {
     "double": 8, "float64": 8, "long": 8, "int64": 8, "uint64": 8, "complexfloat": 8,
     "half": 2, "float16": 2, "bfloat16": 2, "short": 2, "int16": 2, "uint16": 2,
     "byte": 1, "char": 1, "bool": 1, "int8": 1, "uint8": 1, "complexdouble": 16,
+    "fp32": 4, "fp16": 2, "bfp16": 2, "bf16": 2, "fp64": 8,  # HCCL / Ascend spellings
 }  # fmt: skip
 
 
