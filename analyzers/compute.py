@@ -49,6 +49,9 @@ TOP_FUSION = 5  # fusion-candidate sequences per rank
 FUSION_MIN_COUNT = 3  # a sequence must repeat at least this often
 FUSION_NGRAMS = (2, 3, 4)
 FUSION_CLASSES = ("elementwise", "reduction", "norm")
+FUSION_MAX_COUNTED = 100  # distinct sequences counted per rank (the fact lists TOP_FUSION of them)
+FUSION_HOST_BOUND = 0.4  # exec / (exec + gaps) below this: host bound (msprof-analyze host_threshold)
+FUSION_MTE_BOUND = 0.8  # MTE time / core time above this: MTE bound (msprof-analyze mte_threshold)
 
 CLASSES = ("gemm", "conv", "attention", "elementwise", "reduction", "norm", "memory", "communication", "other")
 
@@ -169,6 +172,88 @@ def classify_kernel(name: str) -> str:
     if _has(low, _REDUCE):
         return "reduction"
     return "other"
+
+
+# --- Ascend operator types (kernel_details.csv 'Type', or the last part of the task name) -------
+# CANN operator type names (the Ascend op library); prefixes tolerate the V2 / V3 / D / Grad
+# variants. First match wins, in this order.
+_ASC_COMM = re.compile(r"^(hcom|lccl|lcoc)|^Hcom|^HcclAll|^MatmulAllReduce|AllGatherMatmul|MatmulReduceScatter", _I)
+_ASC_ATTN = re.compile(r"Attention")
+_ASC_NORM = re.compile(r"LayerNorm|RmsNorm|BatchNorm|GroupNorm|InstanceNorm|DeepNorm|^BN(Training|Infer)|^BNInfer|^SyncBN")
+_ASC_GEMM = re.compile(r"^(MatMul|BatchMatMul|GroupedMatmul|QuantBatchMatmul|WeightQuantBatchMatmul|GEMM|Gemm|"
+                       r"FullyConnection|Einsum)|^Mm$|^Bmm", _I)  # fmt: skip
+_ASC_CONV = re.compile(r"^(Conv\d|Conv2D|Conv3D|Convolution|DepthwiseConv|Deconvolution|Conv2DTranspose|Conv3DTranspose)")
+_ASC_REDUCE = re.compile(r"^(Reduce|ArgMax|ArgMin|ArgMaxWithValue|ArgMinWithValue|SoftmaxV2|Softmax|LogSoftmax|"
+                         r"SoftmaxGrad|LogSoftmaxGrad|SoftmaxCrossEntropy|SparseSoftmaxCrossEntropy|LpNorm|Norm$|"
+                         r"Cumsum|Cumprod|CumSum|TopK|Sort|MaxPool|AvgPool|AdaptiveAvgPool|AdaptiveMaxPool|NLLLoss|"
+                         r"CrossEntropy|MseLoss|BinaryCrossEntropy|KlDiv|BiasAddGrad|SquareSumV|Bincount|Var|ScaledMaskedSoftmax|"
+                         r"Mean|Sum$|Max$|Min$|Prod$|All$|Any$)")  # fmt: skip
+_ASC_MEMORY = re.compile(r"^(TransData|TransposeD?$|Transpose$|ConfusionTranspose|TensorMove|Identity|MemSet|MemCopy|"
+                         r"Memcpy|Slice|StridedSlice|SliceD|Concat|ConcatD|ConcatV2|Pack|Unpack|Split|SplitD|SplitV|"
+                         r"GatherV2|Gather|GatherElements|GatherNd|Index$|IndexPut|IndexAdd|Scatter|InplaceIndexAdd|"
+                         r"Fill|Fills|ZerosLike|OnesLike|BroadcastTo|Tile|Expand|AsStrided|ViewCopy|Reshape|"
+                         r"ExpandDims|Squeeze|Unsqueeze|Tril|Triu|Embedding|EmbeddingDenseGrad|Flip|Roll|PadV|Pad$|"
+                         r"PadD|Repeat|MaskedSelect|ReverseV2|TransDataRNN)")  # fmt: skip
+_ASC_ELEMWISE = re.compile(r"^(Add|AddV2|Adds|AddN|Addcmul|Addcdiv|Sub|Subs|Mul|Muls|Div|Divs|RealDiv|FloorDiv|"
+                           r"FloorMod|Mod|Neg|Exp|Expm1|Log|Log1p|Sqrt|Rsqrt|Pow|Pows|Square|SquaredDifference|Abs|"
+                           r"Sin|Cos|Tan|Tanh|Sinh|Cosh|Asin|Acos|Atan|Erf|Erfc|Sigmoid|Relu|ReluV2|LeakyRelu|Elu|"
+                           r"Selu|Gelu|FastGelu|Silu|Swish|SwiGlu|GeGlu|Mish|Softplus|Softsign|HardSwish|HardSigmoid|"
+                           r"Hardtanh|PRelu|Relu6|RotaryPositionEmbedding|RotaryMul|ApplyRotaryPosEmb|Maximum|Minimum|"
+                           r"Equal|NotEqual|Greater|GreaterEqual|Less|LessEqual|Logical|IsFinite|IsInf|IsNan|Select|"
+                           r"SelectV2|Where|MaskedFill|ClipByValue|ClipByNorm|Clamp|Cast|Sign|Floor|Ceil|Round|Trunc|"
+                           r"Reciprocal|Inv$|Axpy|Lerp|BiasAdd$|Apply[A-Z]|Foreach|NpuFused|DropOut|Dropout|"
+                           r"DSAGenBitMask|DSAStatelessGenBitMask|StatelessDropOutGenMask|DropOutGenMask|"
+                           r"StatelessRandom|Threshold|BitwiseAnd|BitwiseOr|BitwiseNot|BitwiseXor|LinSpace|Range$)")  # fmt: skip
+_ASC_GRAD_EW = re.compile(r"^(Relu|Gelu|FastGelu|Silu|Swish|SwiGlu|GeGlu|Sigmoid|Tanh|Mish|Softplus|HardSwish|"
+                          r"LeakyRelu|Elu|RotaryPositionEmbedding|RotaryMul|Sqrt|Rsqrt)Grad")  # fmt: skip
+_ASC_NAME_SUFFIX = re.compile(r"_\d+$")
+
+
+def ascend_op_type_of_name(name: str) -> str:
+    """The operator type in an Ascend task name when kernel_details gives none (Level0 exports):
+    aclnn names end with it (aclnnAdd_AddAiCore_Add -> Add), graph node names carry an index
+    (trans_TransData_3 -> TransData)."""
+    s = _ASC_NAME_SUFFIX.sub("", name.strip())
+    return s.rsplit("_", 1)[-1] if "_" in s else s
+
+
+@lru_cache(maxsize=16384)
+def classify_ascend_op(op_type: str) -> str | None:
+    """Kernel class of an Ascend (CANN) operator type; None when the type is not in the tables."""
+    t = op_type.strip()
+    if not t or t.lower() == "nan":
+        return None
+    if _ASC_COMM.search(t):
+        return "communication"
+    if _ASC_ATTN.search(t):
+        return "attention"
+    if _ASC_NORM.search(t):
+        return "norm"
+    if _ASC_GEMM.search(t):
+        return "gemm"
+    if _ASC_CONV.search(t):
+        return "conv"
+    if _ASC_GRAD_EW.match(t):
+        return "elementwise"
+    if _ASC_REDUCE.match(t):
+        return "reduction"
+    if _ASC_MEMORY.match(t):
+        return "memory"
+    if _ASC_ELEMWISE.match(t):
+        return "elementwise"
+    return None
+
+
+@lru_cache(maxsize=16384)
+def classify_ascend_task(op_type: str, name: str, task_type: str = "") -> str:
+    """Kernel class of an Ascend device task: HCCL tasks are communication; else the operator
+    type (kernel_details 'Type'), else the type in the task name, else the kernel-name rules."""
+    if task_type.upper() in ("HCCL", "COMMUNICATION"):
+        return "communication"
+    c = classify_ascend_op(op_type)
+    if c is None:
+        c = classify_ascend_op(ascend_op_type_of_name(name))
+    return c if c is not None else classify_kernel(name)
 
 
 _FUNCTOR_PATTERNS = [
@@ -377,11 +462,16 @@ def _device_activities(ctx: RankContext) -> _Acts:
         codes = frame["name"].cat.codes.to_numpy().astype(np.int64)
         codes = np.where(codes < 0, len(cats), codes)[m]
         if is_kernel:
-            ccls = np.array([_CLS_INDEX[classify_kernel(n)] for n in table], dtype=np.int64)
             full = frame["name"].cat.codes.to_numpy().astype(np.int64)
+            full = np.where(full < 0, len(cats), full)
+            if _is_ascend(ctx, frame):
+                row_cls = _ascend_classes(frame, table, full)
+            else:
+                ccls = np.array([_CLS_INDEX[classify_kernel(n)] for n in table], dtype=np.int64)
+                row_cls = ccls[full]
             # hand the class of every kernel row to later analyzers (index into CLASSES)
-            ctx.shared["compute"] = {"classes": CLASSES, "kernel_class": ccls[np.where(full < 0, len(cats), full)]}
-            cls = ccls[codes]
+            ctx.shared["compute"] = {"classes": CLASSES, "kernel_class": row_cls}
+            cls = row_cls[m]
         else:
             cls = np.full(len(codes), _CLS_INDEX["memory"], dtype=np.int64)
         cols["row"].append(np.flatnonzero(m))
@@ -398,6 +488,33 @@ def _device_activities(ctx: RankContext) -> _Acts:
         return _Acts(ei, ei, e, e, e, ei, ei, ei, np.zeros(0, dtype=bool), np.zeros(0, dtype=object))
     return _Acts(*(np.concatenate(cols[k]) for k in ("row", "name_id", "ts", "end", "dur", "stream", "device",
                                                       "cls", "kernel")), np.concatenate(names))  # fmt: skip
+
+
+def _is_ascend(ctx: RankContext, frame: pd.DataFrame) -> bool:
+    return getattr(ctx.trace.meta, "format", "") == "ascend" and "op_type" in frame.columns
+
+
+def _ascend_classes(frame: pd.DataFrame, table: np.ndarray, name_codes: np.ndarray) -> np.ndarray:
+    """Class per kernel row of an Ascend trace, from (operator type, task name, task type),
+    classified once per distinct combination."""
+    def codes_of(col: str) -> tuple[np.ndarray, np.ndarray]:
+        if col not in frame.columns:
+            return np.array([""], dtype=object), np.zeros(len(frame), dtype=np.int64)
+        c = frame[col].astype("category")
+        vals = np.array([str(v) for v in c.cat.categories] + [""], dtype=object)
+        k = c.cat.codes.to_numpy().astype(np.int64)
+        return vals, np.where(k < 0, len(vals) - 1, k)
+
+    ops, op_codes = codes_of("op_type")
+    tts, tt_codes = codes_of("task_type")
+    key = (name_codes * len(ops) + op_codes) * len(tts) + tt_codes
+    uniq, inv = np.unique(key, return_inverse=True)
+    cls = np.empty(len(uniq), dtype=np.int64)
+    for i, kk in enumerate(uniq):
+        rest, t = divmod(int(kk), len(tts))
+        n, o = divmod(rest, len(ops))
+        cls[i] = _CLS_INDEX[classify_ascend_task(str(ops[o]), str(table[n]), str(tts[t]))]
+    return cls[inv.reshape(-1)]
 
 
 def _class_facts(ctx: RankContext, act: _Acts) -> list[Fact]:
@@ -539,6 +656,28 @@ def _tensor_cores(ctx: RankContext, k: _Acts) -> tuple[list[Fact], bool]:
     return [fact], fp32_time > 0 and fp32_tc >= 0.5 * fp32_time
 
 
+def _pipe_times(ctx: RankContext, k: _Acts) -> tuple[np.ndarray, np.ndarray] | None:
+    """Ascend pipe metrics per kernel of k: (MTE time, AI Core + AI Vector busy time), as
+    msprof-analyze's fusible-operator check counts them; None without the columns."""
+    kf = ctx.trace.kernels
+    mte_cols = ("aic_mte2_time_us", "aiv_mte2_time_us", "aic_fixpipe_time_us", "aiv_mte3_time_us")
+    core_cols = ("aicore_time_us", "aiv_time_us")
+    if not any(c in kf.columns for c in mte_cols) or not any(c in kf.columns for c in core_cols):
+        return None
+    rows = k.row[k.kernel]
+    if len(rows) != len(k):
+        return None
+
+    def col(c: str) -> np.ndarray:
+        if c not in kf.columns:
+            return np.zeros(len(rows))
+        v = kf[c].to_numpy(dtype=float)[rows]
+        return np.where(np.isfinite(v), v, 0.0)
+
+    mte = np.maximum(col(mte_cols[0]), col(mte_cols[1])) + np.maximum(col(mte_cols[2]), col(mte_cols[3]))
+    return mte, col(core_cols[0]) + col(core_cols[1])
+
+
 def _fusion(ctx: RankContext, k: _Acts) -> list[Fact]:
     if len(k) < 2:
         return []
@@ -547,14 +686,16 @@ def _fusion(ctx: RankContext, k: _Acts) -> list[Fact]:
     cand = np.isin(k.cls, [_CLS_INDEX[c] for c in FUSION_CLASSES])
     if cand.sum() < 2:
         return []
-    # token = class + short name, per distinct kernel name
-    uid, inv = np.unique(k.name_id, return_inverse=True)
-    labels = np.array([f"{classify_kernel(str(k.names[i]))}:{short_kernel_name(str(k.names[i]))}" for i in uid],
-                      dtype=object)  # fmt: skip
+    # token = class + short name, per distinct (kernel name, class)
+    pair = k.name_id * len(CLASSES) + k.cls
+    uid, inv = np.unique(pair, return_inverse=True)
+    labels = np.array([f"{CLASSES[p % len(CLASSES)]}:{short_kernel_name(str(k.names[p // len(CLASSES)]))}"
+                       for p in uid], dtype=object)  # fmt: skip
     lab_u, lab_inv = np.unique(labels, return_inverse=True)
-    tok = np.where(cand, lab_inv[inv], -1).astype(np.int64)
+    tok = np.where(cand, lab_inv[inv.reshape(-1)], -1).astype(np.int64)
     V = len(lab_u) + 1
     cands: list[tuple[float, int, int, int]] = []  # (total time, count, n, key)
+    found: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # n -> (keys, start, key index)
     nk = len(tok)
     for n in FUSION_NGRAMS:
         if nk < n or V**n > 2**62:
@@ -562,14 +703,12 @@ def _fusion(ctx: RankContext, k: _Acts) -> list[Fact]:
         L = nk - n + 1
         ok = np.ones(L, dtype=bool)
         key = np.zeros(L, dtype=np.int64)
-        t = np.zeros(L)
         for j in range(n):
             tj = tok[j : j + L]
             ok &= tj >= 0
             if j:
                 ok &= (k.stream[j : j + L] == k.stream[:L]) & (k.device[j : j + L] == k.device[:L])
             key = key * V + np.maximum(tj, 0)
-            t += k.dur[j : j + L]
         if not ok.any():
             continue
         starts = np.flatnonzero(ok)
@@ -581,6 +720,7 @@ def _fusion(ctx: RankContext, k: _Acts) -> list[Fact]:
         # occurrences of a sequence may overlap (a run of 10 'add' kernels holds seven 4-grams): count
         # the kernels covered by a sequence's occurrences once, occurrences = covered kernels // n
         sv, kid = starts[pre], kinv[pre]
+        found[n] = (keys, sv, kid)
         pairs = np.unique((kid[:, None] * nk + sv[:, None] + np.arange(n)[None, :]).reshape(-1))
         pk, pp = pairs // nk, pairs % nk
         covered = np.bincount(pk, minlength=len(keys))
@@ -591,35 +731,70 @@ def _fusion(ctx: RankContext, k: _Acts) -> list[Fact]:
     if not cands:
         return []
     cands.sort(key=lambda x: (-x[0], -x[2]))
-    chosen: list[tuple[float, int, tuple[int, ...]]] = []
+    chosen: list[tuple[float, int, tuple[int, ...], int, int]] = []  # (time, count, tokens, n, key)
     for tt, c, n, kk in cands:
         seq = []
+        key_v = kk
         for _ in range(n):
-            seq.append(kk % V)
-            kk //= V
+            seq.append(key_v % V)
+            key_v //= V
         seq_t = tuple(reversed(seq))
-        if any(_same_run(s, cs, seq_t, c) for _, cs, s in chosen):
+        if any(_same_run(s, cs, seq_t, c) for _, cs, s, _, _ in chosen):
             continue
-        chosen.append((tt, c, seq_t))
-        if len(chosen) >= TOP_FUSION:
+        chosen.append((tt, c, seq_t, n, kk))
+        if len(chosen) >= FUSION_MAX_COUNTED:
             break
+    pipes = _pipe_times(ctx, k)
+    gap_after = np.zeros(nk)  # idle time between kernel i and kernel i+1 on the same stream
+    if nk > 1:
+        same = (k.stream[1:] == k.stream[:-1]) & (k.device[1:] == k.device[:-1])
+        gap_after[:-1] = np.where(same, np.maximum(0.0, k.ts[1:] - k.end[:-1]), 0.0)
+    all_kernels: list[np.ndarray] = []
+    all_pairs: list[np.ndarray] = []
+    measured = []
+    for tt, c, seq_t, n, kk in chosen:
+        keys, sv, kid = found[n]
+        starts = sv[kid == np.searchsorted(keys, kk)]
+        kern = np.unique((starts[:, None] + np.arange(n)[None, :]).reshape(-1))
+        inner = np.unique((starts[:, None] + np.arange(n - 1)[None, :]).reshape(-1))  # kernel i of pair (i, i+1)
+        all_kernels.append(kern)
+        all_pairs.append(inner)
+        gap = float(gap_after[inner].sum())
+        exec_ratio = tt / (tt + gap) if tt + gap > 0 else 1.0
+        mte = core = None
+        if pipes is not None:
+            mte, core = float(pipes[0][kern].sum()), float(pipes[1][kern].sum())
+        mte_ratio = mte / core if (mte is not None and core) else None
+        measured.append((gap, exec_ratio, mte if mte_ratio is not None else None, mte_ratio))
+    host_flags = [m[1] < FUSION_HOST_BOUND for m in measured]
+    mte_flags = [m[3] is not None and m[3] > FUSION_MTE_BOUND for m in measured]
+    cov = np.unique(np.concatenate(all_kernels))
+    cov_pairs = np.unique(np.concatenate(all_pairs)) if all_pairs else np.zeros(0, dtype=np.int64)
     total = float(k.dur.sum())
     cand_time = float(k.dur[cand].sum())
     seqs = [FusionSequence(kernels=[str(lab_u[i]) for i in s], length_count=len(s), occurrences_count=c,
                            total_time_us=tt, mean_time_us=tt / c,
-                           share_of_kernel_time_ratio=_ratio(tt / total) if total else 0.0)
-            for tt, c, s in chosen]  # fmt: skip
+                           share_of_kernel_time_ratio=_ratio(tt / total) if total else 0.0,
+                           gap_us=gap, exec_ratio=_ratio(er), host_bound=hb,
+                           mte_us=mte, mte_ratio=mr, mte_bound=(mb if mr is not None else None))
+            for (tt, c, s, _, _), (gap, er, mte, mr), hb, mb in zip(chosen, measured, host_flags, mte_flags)][:TOP_FUSION]  # fmt: skip
     return [FusionCandidates(
         rank=ctx.rank, sequences=seqs, candidate_kernels_count=int(cand.sum()), candidate_time_us=cand_time,
         candidate_time_ratio=_ratio(cand_time / total) if total else 0.0,
         min_occurrences_count=FUSION_MIN_COUNT,
+        sequences_count=len(chosen), sequences_time_us=float(k.dur[cov].sum()),
+        sequences_gap_us=float(gap_after[cov_pairs].sum()),
+        host_bound_count=int(sum(host_flags)), mte_bound_count=int(sum(mte_flags)),
+        host_bound_threshold_ratio=FUSION_HOST_BOUND, mte_bound_threshold_ratio=FUSION_MTE_BOUND,
         evidence=Evidence(
             time_ranges_us=[ctx.span],
             events=[" -> ".join(s.kernels)[:200] for s in seqs],
-            counts={"kernels": len(k), "candidate_kernels": int(cand.sum())},
+            counts={"kernels": len(k), "candidate_kernels": int(cand.sum()), "sequence_kernels": len(cov)},
             note="n-grams (n=2..4) of consecutive kernels on one stream, all element-wise/reduction/"
                  "normalisation; ranked by total time; a sequence inside, or shifted by one along, a "
-                 "higher-ranked one that occurs about as often is the same run and is skipped",
+                 "higher-ranked one that occurs about as often is the same run and is skipped; host bound: "
+                 "exec_ratio < host_bound_threshold_ratio; MTE bound (Ascend pipe metrics): mte_ratio > "
+                 "mte_bound_threshold_ratio (msprof-analyze's fusible-operator thresholds)",
         ),
     )]  # fmt: skip
 

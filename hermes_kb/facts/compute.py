@@ -141,10 +141,23 @@ class FusionSequence(BaseModel):
     total_time_us: float = us("summed duration of all occurrences")
     mean_time_us: float = us("per occurrence")
     share_of_kernel_time_ratio: float = ratio("total_time_us / total kernel time")
+    gap_us: float = us("idle device time between consecutive kernels inside the occurrences (each gap once)",
+                       default=0.0)
+    exec_ratio: float = ratio("total_time_us / (total_time_us + gap_us): share of the occurrences' span the "
+                              "device computes", default=1.0)  # fmt: skip
+    host_bound: bool = Field(default=False, description="exec_ratio below the host-bound threshold: the device "
+                             "waits between these kernels longer than it runs them (dispatch-bound)")  # fmt: skip
+    mte_us: float | None = us("Ascend: Σ over the kernels of max(aic_mte2, aiv_mte2) + max(aic_fixpipe, aiv_mte3) "
+                              "pipe time; null without pipe metrics", default=None)  # fmt: skip
+    mte_ratio: float | None = measure("ratio", "Ascend: mte_us / Σ (aicore_time + aiv_time); can exceed 1 (two "
+                                      "transfer pipes run at once); null without pipe metrics", default=None, le=None)  # fmt: skip
+    mte_bound: bool | None = Field(default=None, description="Ascend: mte_ratio above the MTE-bound threshold: "
+                                   "memory transfers dominate, so fusing saves the intermediate round trips")  # fmt: skip
 
 
 class FusionCandidates(Fact):
-    """The most time-consuming repeated sequences of fusable kernels (top 5)."""
+    """The most time-consuming repeated sequences of fusable kernels (top 5), and how many such
+    sequences there are in all."""
 
     kind: Literal["fusion_candidates"] = "fusion_candidates"
     sequences: list[FusionSequence] = Field(description="at most 5, by total time")
@@ -152,3 +165,12 @@ class FusionCandidates(Fact):
     candidate_time_us: float = us("their total duration")
     candidate_time_ratio: float = ratio("candidate_time_us / total kernel time")
     min_occurrences_count: int = measure("count", "a sequence must occur at least this often")
+    sequences_count: int = measure("count", "distinct repeated sequences found (same runs counted once; at most "
+                                   "100 counted)", default=0)  # fmt: skip
+    sequences_time_us: float = us("kernel time covered by all of them, each kernel once", default=0.0)
+    sequences_gap_us: float = us("idle device time between their consecutive kernels, each gap once", default=0.0)
+    host_bound_count: int = measure("count", "of the sequences, those that are host bound", default=0)
+    mte_bound_count: int = measure("count", "of the sequences, those that are MTE bound (Ascend pipe metrics)",
+                                   default=0)  # fmt: skip
+    host_bound_threshold_ratio: float = ratio("a sequence is host bound when exec_ratio is below this", default=0.4)
+    mte_bound_threshold_ratio: float = ratio("a sequence is MTE bound when mte_ratio is above this", default=0.8)
