@@ -9,6 +9,7 @@ Per rank, over the analysed step windows where the data has times, else over the
 - ``npu_format_conversion``: TransData / Cast / transpose time, private formats;
 - ``npu_dynamic_shape``: OP State dynamic share, online compilation (opCompile) calls and time;
 - ``npu_launch_blocking``: stream synchronisation calls right after launches;
+- ``npu_allocation``: time in CANN device-memory allocation / free calls inside the steps;
 - ``npu_affinity_api``: aten sequences with a fused torch_npu API (table ``AFFINITY``);
 - ``npu_small_packets``: SDMA / RDMA volume in packets under ``SMALL_PACKET_BYTES``;
 - ``npu_sdma_contention``: SDMA bandwidth with vs without a Cube task running;
@@ -27,7 +28,7 @@ import pandas as pd
 from hermes_kb.facts.base import Evidence, Fact
 from hermes_kb.facts.npu import (
     NpuAffinityApi, NpuAicoreFrequency, NpuAicpuOps, NpuBlockDim, NpuDynamicShape, NpuEnvironment,
-    NpuFormatConversion, NpuLaunchBlocking, NpuPipeUtilisation, NpuRdmaRetransmission, NpuSdmaContention,
+    NpuAllocation, NpuFormatConversion, NpuLaunchBlocking, NpuPipeUtilisation, NpuRdmaRetransmission, NpuSdmaContention,
     NpuSmallPackets,
 )  # fmt: skip
 
@@ -69,7 +70,7 @@ def per_rank(ctx: RankContext) -> list[Fact]:
         f = fn(ctx, k)
         if f is not None:
             facts.append(f)
-    for fn in (_frequency, _launch_blocking, _small_packets, _sdma_contention, _rdma, _environment):
+    for fn in (_frequency, _launch_blocking, _allocation, _small_packets, _sdma_contention, _rdma, _environment):
         f = fn(ctx)
         if f is not None:
             facts.append(f)
@@ -282,6 +283,32 @@ def _launch_blocking(ctx: RankContext) -> Fact | None:
         synced_launch_ratio=_r(synced, launches.sum()), window_us=win, sync_ratio=_r(sync_us, win),
         env_launch_blocking=str(env.get("ASCEND_LAUNCH_BLOCKING", "")).strip() == "1",
         evidence=Evidence(events=sorted(set(rt["name"].astype(str).to_numpy()[syncs]))[:5]),
+    )  # fmt: skip
+
+
+def _allocation(ctx: RankContext) -> Fact | None:
+    rt = ctx.trace.runtime
+    if not len(rt):
+        return None  # no CANN API layer (Level0): nothing measured, no fact
+    rt = rt[_window_mask(ctx, rt["ts"].to_numpy(float))]
+    kind = rt["kind"].astype(str).to_numpy()
+    dur = rt["dur"].to_numpy(float)
+    mal, fre = kind == "malloc", kind == "free"
+    malloc_us, free_us = float(dur[mal].sum()), float(dur[fre].sum())
+    win = _window_us(ctx)
+    steps = max(1, len(ctx.windows))
+    env = ctx.trace.meta.env or {}
+    conf = (env.get("PYTORCH_NPU_ALLOC_CONF") or "").strip()
+    names = rt["name"].astype(str).to_numpy()[mal | fre]
+    return NpuAllocation(
+        rank=ctx.rank, steps_count=steps, window_us=win, malloc_count=int(mal.sum()), malloc_us=malloc_us,
+        free_count=int(fre.sum()), free_us=free_us, alloc_us=malloc_us + free_us,
+        per_step_us=(malloc_us + free_us) / steps, alloc_ratio=_r(malloc_us + free_us, win),
+        alloc_conf=conf or None, expandable_segments="expandable_segments:true" in conf.lower().replace(" ", ""),
+        evidence=Evidence(events=sorted(set(names))[:5], counts={"cann_calls": len(rt)},
+                          note="CANN calls of kind malloc / free (aclrtMalloc*, aclMallocMemInner, aclrtFree*, "
+                               "aclrtReserveMemAddress / aclrtMapMem / aclrtUnmapMem / aclrtReleaseMemAddress) "
+                               "that start in the step windows"),
     )  # fmt: skip
 
 

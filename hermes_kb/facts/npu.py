@@ -189,3 +189,22 @@ class NpuEnvironment(Fact):
     reserved_peak_bytes: float | None = measure("bytes", "peak reserved device memory (memory records)", default=None)
     allocated_peak_bytes: float | None = measure("bytes", "peak allocated device memory", default=None)
     fragmentation_ratio: float | None = ratio("1 - allocated_peak / reserved_peak (memory held but unused)", default=None)
+
+
+class NpuAllocation(Fact):
+    """Time the host spends in CANN device-memory allocation calls inside the steps (aclrtMalloc*,
+    aclrtFree*, aclrtMallocHost, the expandable-segment reserve / map / unmap calls): what a warm
+    caching allocator avoids. Only on exports with the CANN API layer (Level1 and up)."""
+
+    kind: Literal["npu_allocation"] = "npu_allocation"
+    steps_count: int = measure("count", "analysed steps (1 when the trace has no step windows)")
+    window_us: float = us("analysed time (summed step windows)")
+    malloc_count: int = measure("count", "allocation calls in the windows")
+    malloc_us: float = us("time in them")
+    free_count: int = measure("count", "free / unmap / release calls in the windows")
+    free_us: float = us("time in them")
+    alloc_us: float = us("malloc_us + free_us: the most a warm caching allocator can remove")
+    per_step_us: float = us("alloc_us / steps_count")
+    alloc_ratio: float = ratio("alloc_us / window_us")
+    alloc_conf: str | None = Field(default=None, description="PYTORCH_NPU_ALLOC_CONF as recorded (null: not recorded or unset)")
+    expandable_segments: bool = Field(default=False, description="PYTORCH_NPU_ALLOC_CONF has expandable_segments:True")

@@ -62,9 +62,9 @@ def runtime_kind_npu(name: str) -> str:
         return "memcpy"
     if "memset" in low:
         return "memset"
-    if "malloc" in low:
-        return "malloc"
-    if low.startswith("aclrtfree"):
+    if "malloc" in low or low in ("aclrtreservememaddress", "aclrtmapmem"):
+        return "malloc"  # expandable segments: reserve virtual addresses, map physical memory
+    if low.startswith("aclrtfree") or low in ("aclrtreleasememaddress", "aclrtunmapmem"):
         return "free"
     if "event" in low:
         return "event"
