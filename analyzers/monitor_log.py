@@ -249,6 +249,20 @@ def _sample_median(samples: list[dict], key: str) -> float | None:
     return float(np.median(vals)) if vals else None
 
 
+def _wait_from_others(rq_us: float | None, others: float | None, wanted: int | None,
+                      usable: int | None) -> float | None:  # fmt: skip
+    """Who makes the main thread wait for a CPU: cores demanded beyond the usable ones come from
+    other processes (``others`` cores) and from the job's threads above its cores; the wait is
+    split in that proportion. Without thread counts the job is taken to fit its cores."""
+    if rq_us is None or others is None:
+        return None
+    own_excess = max(0.0, float(wanted - usable)) if wanted is not None and usable else 0.0
+    total = others + own_excess
+    if total <= 0.0:
+        return 0.0
+    return rq_us * others / total
+
+
 def _cpu_fact(rank: int, log: RankLog, s: _Series, run: RunLog) -> MonitorCpu | None:
     samples = log.samples
     if not samples:
@@ -294,6 +308,8 @@ def _cpu_fact(rank: int, log: RankLog, s: _Series, run: RunLog) -> MonitorCpu | 
     rq_us = rq * mean if rq is not None else None
     dw = float(s.dw.mean())
     sysr = _sample_median(samples, "system_cpu_ratio")
+    others = _sample_median(scans, "others_cores")
+    from_others = _wait_from_others(rq_us, others, wanted_sum, host_usable)
     return MonitorCpu(
         rank=rank,
         samples_count=len(samples),
@@ -308,7 +324,7 @@ def _cpu_fact(rank: int, log: RankLog, s: _Series, run: RunLog) -> MonitorCpu | 
         children_count=int(kids_n) if kids_n is not None else None,
         own_busy_ratio=min(((proc or 0.0) + (kids or 0.0)) / usable, 1.0) if usable and proc is not None else None,
         system_busy_ratio=min(max(sysr, 0.0), 1.0) if sysr is not None else None,
-        others_cores=_sample_median(scans, "others_cores"),
+        others_cores=others,
         siblings_cores=_sample_median(scans, "siblings_cores"),
         top_other=tops[0][1] if tops else None,
         top_other_cores=tops[0][0] if tops else None,
@@ -316,6 +332,8 @@ def _cpu_fact(rank: int, log: RankLog, s: _Series, run: RunLog) -> MonitorCpu | 
         runqueue_wait_ratio=rq,
         runqueue_wait_us=rq_us,
         data_wait_us=dw,
+        wait_from_others_us=from_others,
+        wait_from_own_us=rq_us - from_others if rq_us is not None and from_others is not None else None,
         starved_us=(rq_us or 0.0) + dw,
         starved_ratio=min(((rq_us or 0.0) + dw) / mean, 1.0) if mean > 0 else 0.0,
         torch_threads=threads(log) - int(_sample_median(samples, "children_count") or 0) if threads(log) is not None else None,

@@ -2,10 +2,13 @@
 
     python benchmarks/eval.py [--write docs/accuracy.md] [--check]
 
-For every recorded scenario (benchmarks/scenarios/recorded/<name>/label.json with bad.json.gz
-and fixed.json.gz), runs hermes advise on the bad variant and on its fixed twin and scores:
+For every recorded scenario (benchmarks/scenarios/recorded/<name>/label.json beside the run
+directories bad/ and fixed/: the monitor's log rank0.jsonl and the profiler's capture
+rank0.capture-profile.json.gz; older recordings: bad.json.gz and fixed.json.gz), runs hermes
+advise on the bad variant and on its fixed twin and scores:
 
-- top-1 / top-3: the label's expected case ids, or its cause, among the first 1 / 3 findings;
+- top-1 / top-3: the label's expected case ids, or its cause family (the label's cause and the
+  causes of its expected cases), among the first 1 / 3 findings;
 - false alarms: any high-severity finding on a fixed twin or a healthy control;
 - gain error: the predicted step-time speedup range of the finding that names the cause
   against the measured speedup of the fix (hit if inside the range; relative error of the
@@ -68,8 +71,21 @@ class Outcome:
         return abs(mid - self.measured) / self.measured
 
 
+def _case_causes() -> dict[str, str]:
+    from hermes_kb.advisor import knowledge_base
+
+    return {e.item.id: e.item.cause for e in knowledge_base().cases}
+
+
+def expected_causes(label: dict) -> set[str]:
+    """The cause family a label names: its own cause, and the causes of its expected cases (a
+    GC-pause case from the monitor names the same cause as one from the trace)."""
+    causes = _case_causes()
+    return {label.get("cause")} | {causes[c] for c in label.get("expected_cases", []) if c in causes}
+
+
 def _matches(f: dict, label: dict) -> bool:
-    return f["case_id"] in label.get("expected_cases", []) or f["cause"] == label.get("cause")
+    return f["case_id"] in label.get("expected_cases", []) or f["cause"] in expected_causes(label)
 
 
 def _advise(path: Path) -> dict:
@@ -78,12 +94,20 @@ def _advise(path: Path) -> dict:
     return hermes_kb.advise(path).model_dump(mode="json")
 
 
+def variant_input(d: Path, variant: str) -> Path | None:
+    """The run directory of a variant (monitor log + capture), else its lone trace."""
+    for p in (d / variant, d / f"{variant}.json.gz"):
+        if p.exists():
+            return p
+    return None
+
+
 def score_scenario(d: Path) -> Outcome:
     label = json.loads((d / "label.json").read_text())
     out = Outcome(d.name, label)
     healthy = label.get("healthy") or label.get("category") == "none"
-    bad = d / "bad.json.gz"
-    if bad.is_file() and not healthy:
+    bad = variant_input(d, "bad")
+    if bad is not None and not healthy:
         rep = _advise(bad)
         fs = rep["findings"]
         out.first = [{k: f[k] for k in ("case_id", "cause", "category", "severity", "expected_speedup")} for f in fs[:3]]
@@ -95,8 +119,8 @@ def score_scenario(d: Path) -> Outcome:
         # per-sample throughput where the fix changes the work per step (small batch)
         out.measured = label.get("throughput_speedup") or label.get("speedup_of_fix")
     for variant in ("fixed", "bad") if healthy else ("fixed",):
-        p = d / f"{variant}.json.gz"
-        if p.is_file():
+        p = variant_input(d, variant)
+        if p is not None:
             rep = _advise(p)
             out.fixed_high += [f"{variant}: {f['case_id']}" for f in rep["findings"] if f["severity"] == "high"]
     return out

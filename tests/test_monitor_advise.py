@@ -130,6 +130,8 @@ def test_cpu_and_environment_facts(tmp_path):
     assert c.others_cores == 6.5 and c.top_other == "stress (pid 77)"
     assert c.top_other_cores == pytest.approx((6 + 6 + 2) / 3) and c.top_others == ["stress (pid 77): 4.67 cores"]
     assert c.threads_wanted_count == 8 and c.threads_per_core == 1.0 and not c.pinned
+    # the job's 8 threads fit the 8 cores: all of the 8 ms wait is the other processes'
+    assert c.wait_from_others_us == pytest.approx(8_000) and c.wait_from_own_us == pytest.approx(0.0)
     by_issue = {f.issue: f for f in facts_of(tmp_path, "monitor_env_setting")}
     assert set(by_issue) == {"launch_blocking", "debug_logging", "p2p_disabled", "omp_threads_too_high",
                              "gc_threshold_lowered"}  # fmt: skip
@@ -145,6 +147,27 @@ def test_cpu_and_environment_facts(tmp_path):
     assert lb_finding.expected_speedup.high == pytest.approx(20 / (20 - 6), abs=1e-3)
     dbg = next(f for f in report.findings if f.case_id == "C-MON-011")
     assert dbg.expected_speedup.low == 1.0 and dbg.severity != "high"
+    contention = next(f for f in report.findings if f.case_id == "C-MON-007")
+    assert contention.expected_speedup.low == pytest.approx(20 / (20 - 0.7 * 8), abs=1e-3)
+    assert contention.expected_speedup.high == pytest.approx(20 / (20 - 8), abs=1e-3)
+
+
+def test_runqueue_wait_split_between_others_and_own_threads(tmp_path):
+    # 12 threads wanted (4 torch + 8 workers) on 8 cores: 4 threads too many; others use 4 cores:
+    # the 10 ms wait (0.5 x 20 ms) splits 4 : 4
+    samples = {i: {"process_cpu_cores": 3.0, "system_cpu_ratio": 1.0, "affinity_count": 8, "runqueue_wait_ratio": 0.5,
+                   "children_cores": 3.0, "children_count": 8, "others_cores": 4.0, "siblings_cores": 0.0,
+                   "top_procs": [{"pid": 9, "name": "stress", "cores": 4.0, "rel": "other"}], "torch_threads": 4}
+               for i in range(0, 60, 20)}  # fmt: skip
+    write_log(tmp_path, 0, [{"wall_s": 0.020, "cpu_s": 0.01}] * 60, {}, samples)
+    (c,) = facts_of(tmp_path, "monitor_cpu")
+    assert c.threads_wanted_count == 12 and c.threads_per_core == 1.5
+    assert c.wait_from_others_us == pytest.approx(5_000) and c.wait_from_own_us == pytest.approx(5_000)
+    ids = {f.case_id: f for f in hermes_kb.advise(tmp_path).findings}
+    # both causes rest on the same facts: one finding, the other listed as related
+    assert "C-MON-008" in ids["C-MON-007"].related
+    assert ids["C-MON-007"].expected_speedup.high == pytest.approx(20 / (20 - 5), abs=1e-3)
+    assert ids["C-MON-007"].expected_speedup.low == pytest.approx(20 / (20 - 0.7 * 5), abs=1e-3)
 
 
 def test_advise_findings_and_gains_on_synthetic_run(tmp_path):

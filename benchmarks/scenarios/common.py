@@ -5,9 +5,15 @@ A scenario script defines ``make_run(variant: str) -> Run``: a callable running 
 step per call (``step(i)``), with optional ``setup()`` / ``teardown()``. This module does
 the rest, identically for every scenario:
 
-- profile ``PROFILE_STEPS`` steps (after ``WARMUP`` unprofiled ones) of each variant with
-  torch.profiler (CPU activity, record_shapes, with_stack, Python GC recording) and write
-  ``<out>/<scenario>/<variant>.json.gz``;
+- run each variant as a monitored job: the always-on monitor (``hermes_kb.monitor.Monitor``)
+  records every step of the run (``WARMUP`` steps, then up to ``MONITORED_STEPS`` more or
+  ``MONITORED_S`` seconds, then the profiled window) into the run directory
+  ``<out>/<scenario>/<variant>/rank0.jsonl``, and torch.profiler (CPU activity, record_shapes,
+  with_stack, Python GC recording) captures ``PROFILE_STEPS`` steps at the end into
+  ``<out>/<scenario>/<variant>/rank0.capture-profile.json.gz``, where ``hermes advise RUN_DIR``
+  finds it, as it finds the monitor's own captures;
+- before each recording, wait (up to ``QUIET_WAIT_S``) until other processes leave the
+  machine nearly idle, and record the background load measured;
 - time ``TIMED_STEPS`` unprofiled steps per round, ``ROUNDS`` rounds alternating bad and fixed
   (fresh runs each round), and keep the best round mean of each variant (machines here are
   shared: the best round is the least disturbed; all rounds are recorded too);
@@ -34,6 +40,10 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "recorded"
 WARMUP = 3
+MONITORED_STEPS = 24  # unprofiled monitored steps before the profiled window ...
+MONITORED_S = 4.0  # ... or fewer, when they take longer than this (at least 2)
+QUIET_WAIT_S = 600.0
+QUIET_BUSY = 0.15  # the machine counts as quiet below this busy share of all its CPUs
 PROFILE_STEPS = 6
 TIMED_STEPS = 12
 ROUNDS = 3
@@ -59,15 +69,65 @@ class Label:
     notes: list[str] = field(default_factory=list)
 
 
-def _profile(run: Run, path: Path) -> None:
+def _busy_share(seconds: float = 1.0) -> float | None:
+    """Busy share of all CPUs over ``seconds`` (from /proc/stat; None where it is absent)."""
+
+    def read() -> tuple[int, int] | None:
+        try:
+            f = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+        except OSError:
+            return None
+        v = [int(x) for x in f]
+        idle = v[3] + (v[4] if len(v) > 4 else 0)
+        return sum(v[:8]), idle
+
+    a = read()
+    time.sleep(seconds)
+    b = read()
+    if a is None or b is None or b[0] == a[0]:
+        return None
+    return 1.0 - (b[1] - a[1]) / (b[0] - a[0])
+
+
+def wait_for_quiet() -> dict:
+    """Wait until the machine is nearly idle (other sessions share it), so that a recording
+    shows the injected problem and not someone else's job. Returns what was measured."""
+    t0 = time.monotonic()
+    busy = _busy_share()
+    while busy is not None and busy > QUIET_BUSY and time.monotonic() - t0 < QUIET_WAIT_S:
+        time.sleep(4.0)
+        busy = _busy_share()
+    return {"busy_share_before": None if busy is None else round(busy, 3),
+            "waited_s": round(time.monotonic() - t0, 1)}
+
+
+def _profile(run: Run, run_dir: Path) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile, schedule
 
+    from hermes_kb.monitor import Monitor
+
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
     cfg = torch._C._profiler._ExperimentalConfig(record_python_gc_info=True)
     run.setup()
+    # sample resources every other step and scan the other processes every half second: these
+    # runs last seconds, not hours, so the monitor's defaults (50 steps, 10 s) would see nothing
+    mon = Monitor(run_dir, rank=0, samples_per_step=run.samples_per_step, sample_every=2, procs_every_s=0.5,
+                  capture=False, device_events=False)  # fmt: skip
+    mon.start()
     try:
+        i = 0
         for i in range(WARMUP):
             run.step(i)
+            mon.step()
+        t0 = time.perf_counter()
+        for k in range(MONITORED_STEPS):
+            if k >= 2 and time.perf_counter() - t0 > MONITORED_S:
+                break
+            i += 1
+            run.step(i)
+            mon.step()
         with profile(
             activities=[ProfilerActivity.CPU],
             schedule=schedule(wait=0, warmup=1, active=PROFILE_STEPS, repeat=1),
@@ -75,15 +135,19 @@ def _profile(run: Run, path: Path) -> None:
             with_stack=True,
             experimental_config=cfg,
         ) as prof:
-            for i in range(PROFILE_STEPS + 1):
-                run.step(WARMUP + i)
+            for _ in range(PROFILE_STEPS + 1):
+                i += 1
+                run.step(i)
+                mon.step()
                 prof.step()
         with tempfile.TemporaryDirectory() as tmp:
             raw = Path(tmp) / "trace.json"
             prof.export_chrome_trace(str(raw))
+            path = run_dir / "rank0.capture-profile.json.gz"
             with open(raw, "rb") as src, gzip.GzipFile(path, "wb", mtime=0) as dst:
                 shutil.copyfileobj(src, dst)
     finally:
+        mon.close()
         run.teardown()
 
 
@@ -106,38 +170,58 @@ def main(name: str, make_run: Callable[[str], Run], label: Label, variants=("bad
     ap = argparse.ArgumentParser(description=f"record scenario {name}")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--no-trace", action="store_true", help="only time the variants")
+    ap.add_argument("--no-timing", action="store_true",
+                    help="only record the runs; keep the timings of the existing label.json")
     args = ap.parse_args()
     out = Path(args.out) / name
     out.mkdir(parents=True, exist_ok=True)
     import torch
 
     torch.manual_seed(0)
+    old = json.loads((out / "label.json").read_text()) if (out / "label.json").is_file() else {}
+    quiet: dict[str, dict] = dict(old.get("recording_load", {}))
     if not args.no_trace:
         for v in variants:
             gc.collect()
-            _profile(make_run(v), out / f"{v}.json.gz")
-    rounds: dict[str, list[float]] = {v: [] for v in variants}
-    per_step: dict[str, list[float]] = {v: [] for v in variants}
-    for _ in range(ROUNDS):
-        for v in variants:
-            gc.collect()
-            t = _time(make_run(v))
-            rounds[v].append(statistics.fmean(t))
-            per_step[v].extend(t)
-    best = {v: min(rounds[v]) for v in variants}
+            quiet[v] = wait_for_quiet()
+            _profile(make_run(v), out / v)
+    timing_keys = ("step_s_best_round", "step_s_round_means", "step_s_median", "speedup_of_fix",
+                   "throughput_speedup", "timed")  # fmt: skip
+    if args.no_timing:
+        if "step_s_best_round" not in old:
+            raise SystemExit(f"--no-timing: no timings in {out / 'label.json'} to keep")
+        timing = {k: old[k] for k in timing_keys if k in old}
+    else:
+        rounds: dict[str, list[float]] = {v: [] for v in variants}
+        per_step: dict[str, list[float]] = {v: [] for v in variants}
+        quiet["timing_rounds"] = []
+        for _ in range(ROUNDS):
+            quiet["timing_rounds"].append(wait_for_quiet())
+            for v in variants:
+                gc.collect()
+                t = _time(make_run(v))
+                rounds[v].append(statistics.fmean(t))
+                per_step[v].extend(t)
+        best = {v: min(rounds[v]) for v in variants}
+        timing = {
+            "step_s_best_round": best,
+            "step_s_round_means": rounds,
+            "step_s_median": {v: statistics.median(per_step[v]) for v in variants},
+            "speedup_of_fix": best[variants[0]] / best[variants[1]] if len(variants) > 1 else None,
+            "timed": _dt.date.today().isoformat(),
+        }
     result = {
         **label.__dict__,
         "variants": list(variants),
-        "step_s_best_round": best,
-        "step_s_round_means": rounds,
-        "step_s_median": {v: statistics.median(per_step[v]) for v in variants},
-        "speedup_of_fix": best[variants[0]] / best[variants[1]] if len(variants) > 1 else None,
+        **timing,
         "torch": torch.__version__,
         "machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.system()}",
         "python": platform.python_version(),
-        "recorded": _dt.date.today().isoformat(),
-        "protocol": f"{WARMUP} warmup steps, then {PROFILE_STEPS} profiled steps; timing: {ROUNDS} rounds x "
-        f"{TIMED_STEPS} unprofiled steps per variant, alternating, best round mean",
+        "recorded": _dt.date.today().isoformat() if not args.no_trace else old.get("recorded"),
+        "recording_load": quiet,
+        "protocol": f"each variant one monitored run (hermes_kb Monitor every step): {WARMUP} warm-up steps, up to "
+        f"{MONITORED_STEPS} more ({MONITORED_S:g} s at most), then {PROFILE_STEPS} profiled steps captured into the run "
+        f"directory; timing: {ROUNDS} rounds x {TIMED_STEPS} unprofiled steps per variant, alternating, best round mean",
     }
     (out / "label.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("scenario", "step_s_best_round", "speedup_of_fix")}, indent=1))

@@ -119,7 +119,7 @@ LABEL = Label(
     scenario="thread_oversubscription",
     category="cpu",
     cause="resource_contention",
-    expected_cases=["C-CPU-017"],
+    expected_cases=["C-MON-008"],
     description=(
         "8 intra-op threads in the trainer plus 8 in each of 2 DataLoader workers doing torch "
         "augmentation, on 2 cores: OpenMP threads oversubscribe the cores and every parallel "
@@ -127,10 +127,10 @@ LABEL = Label(
     ),
     fix="torch.set_num_threads(1) in the trainer and 1 thread per worker (fits the 2 cores).",
     notes=[
-        "No hermes case describes thread oversubscription; C-CPU-017 is the proposed id (cause "
-        "resource_contention; the cpu_contention scenario proposes C-CPU-018 for contention by other "
-        "processes, and one contention case could cover both). The trace records neither the intra-op "
-        "thread count nor the worker processes; the signature is the same operators taking several "
+        "Recorded with the monitor running beside the profiler; C-MON-008 (more compute threads than "
+        "cores) names the cause from the monitor's thread counts and run-queue wait. The label first "
+        "proposed C-CPU-017 (same cause, resource_contention). The trace alone records neither the "
+        "intra-op thread count nor the worker processes; there the signature is the same operators taking several "
         "times longer than in a healthy run (here conv ops 9.0 ms mean vs 1.45 ms in the fixed trace, "
         "the same shapes) with the critical path made of operators.",
         "C-COMP-011 (CPU training bound by matmuls/convolutions) fires on both bad and fixed; its first "

@@ -137,6 +137,12 @@ class MonitorCpu(Fact):
     )
     runqueue_wait_us: float | None = us("runqueue_wait_ratio x mean step: per step", default=None)
     data_wait_us: float = us("mean data wait per step (from the step records)")
+    wait_from_others_us: float | None = us(
+        "the part of runqueue_wait_us other processes cause: all of it when the job's threads fit its cores, else "
+        "split by others_cores : (threads_wanted_count - host_usable_cores)", default=None
+    )
+    wait_from_own_us: float | None = us("runqueue_wait_us - wait_from_others_us: the part the job's own excess "
+                                        "threads cause", default=None)  # fmt: skip
     starved_us: float = us("runqueue_wait_us + data_wait_us: time per step the loop waits for CPU or for data")
     starved_ratio: float = ratio("starved_us / mean step")
     torch_threads: int | None = measure("count", "torch intra-op threads of the rank", default=None)
