@@ -23,6 +23,7 @@ the targets themselves are not met yet.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -72,6 +73,7 @@ class Outcome:
         return abs(mid - self.measured) / self.measured
 
 
+@functools.lru_cache(maxsize=1)
 def _case_causes() -> dict[str, str]:
     from hermes_kb.advisor import knowledge_base
 

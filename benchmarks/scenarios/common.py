@@ -69,24 +69,34 @@ class Label:
     notes: list[str] = field(default_factory=list)
 
 
+def small_cnn():
+    """The small CNN several scenarios train on 3x32x32 images (conv 3->16->32, two linear layers)."""
+    from torch import nn
+
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 8 * 8, 64),
+        nn.ReLU(),
+        nn.Linear(64, 10),
+    )
+
+
 def _busy_share(seconds: float = 1.0) -> float | None:
     """Busy share of all CPUs over ``seconds`` (from /proc/stat; None where it is absent)."""
+    from hermes_kb.monitor.recorder import system_cpu_jiffies
 
-    def read() -> tuple[int, int] | None:
-        try:
-            f = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-        except OSError:
-            return None
-        v = [int(x) for x in f]
-        idle = v[3] + (v[4] if len(v) > 4 else 0)
-        return sum(v[:8]), idle
-
-    a = read()
+    a = system_cpu_jiffies()
     time.sleep(seconds)
-    b = read()
-    if a is None or b is None or b[0] == a[0]:
+    b = system_cpu_jiffies()
+    if a is None or b is None or b[1] == a[1]:
         return None
-    return 1.0 - (b[1] - a[1]) / (b[0] - a[0])
+    return (b[0] - a[0]) / (b[1] - a[1])
 
 
 def wait_for_quiet() -> dict:

@@ -74,28 +74,13 @@ def _start_spinner(pid_file: str) -> int:
     raise RuntimeError("spinner did not start")
 
 
-def make_model() -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Flatten(),
-        nn.Linear(32 * 8 * 8, 64),
-        nn.ReLU(),
-        nn.Linear(64, 10),
-    )
-
-
 def make_run(variant: str) -> Run:
     torch.manual_seed(SEED)
     g = torch.Generator().manual_seed(SEED)
     n = BATCH * STEPS_OF_DATA
     images = torch.randn(n, 3, 32, 32, generator=g)  # in memory, shuffled once
     labels = torch.randint(0, 10, (n,), generator=g)
-    model = make_model()
+    model = common.small_cnn()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     state: dict = {"procs": []}

@@ -146,25 +146,10 @@ class RemoteDataset(Dataset):
         return torch.from_numpy(x.copy()), int(self.labels[idx])
 
 
-def make_model() -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(3, 16, 3, padding=1),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Conv2d(16, 32, 3, padding=1),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Flatten(),
-        nn.Linear(32 * 8 * 8, 64),
-        nn.ReLU(),
-        nn.Linear(64, 10),
-    )
-
-
 def make_run(variant: str) -> Run:
     torch.manual_seed(SEED)
     data_dir()
-    model = make_model()
+    model = common.small_cnn()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     storage = Storage()

@@ -27,7 +27,7 @@ def _proc_cpu_seconds() -> float:
     return t.user + t.system
 
 
-def _system_cpu() -> tuple[float, float] | None:
+def system_cpu_jiffies() -> tuple[float, float] | None:
     """(busy, total) jiffies of all CPUs, from /proc/stat (Linux)."""
     try:
         with open("/proc/stat") as fh:
@@ -135,7 +135,7 @@ class Monitor:
         self._rq_last = (time.perf_counter(), rq) if rq is not None else None
         self._t_last = time.perf_counter()
         self._cpu_t = time.process_time()
-        self._cpu_last = (time.perf_counter(), _proc_cpu_seconds(), _system_cpu())
+        self._cpu_last = (time.perf_counter(), _proc_cpu_seconds(), system_cpu_jiffies())
 
     def close(self) -> None:
         if self.capturer is not None:
@@ -263,7 +263,7 @@ class Monitor:
     def _resources(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         self._maybe_device()
-        t, cpu, sys_cpu = time.perf_counter(), _proc_cpu_seconds(), _system_cpu()
+        t, cpu, sys_cpu = time.perf_counter(), _proc_cpu_seconds(), system_cpu_jiffies()
         rq = runqueue_wait_ns()
         if rq is not None and self._rq_last is not None and t > self._rq_last[0]:
             out["runqueue_wait_ratio"] = max(rq - self._rq_last[1], 0) / 1e9 / (t - self._rq_last[0])
