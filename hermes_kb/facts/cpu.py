@@ -153,3 +153,48 @@ class Compilation(Fact):
     recompiled: bool = Field(
         description="max_compile_id > 0: some frame was recompiled (before or during the capture)"
     )
+
+
+class OperatorDispatch(Fact):
+    """Operators too small to be worth dispatching, on the training thread over all analysed steps
+    (step = null). An operator is small when the largest tensor it or anything it calls receives
+    has at most ``small_elements`` elements: its arithmetic takes less time than the per-call cost
+    of the Python binding, the dispatcher and autograd. Only emitted when the trace recorded
+    input shapes (record_shapes=True)."""
+
+    kind: Literal["operator_dispatch"] = "operator_dispatch"
+    steps_count: int = measure("count", "analysed steps")
+    window_us: float = us("summed step windows")
+    small_elements: int = measure("count", "largest-input element count at or below which an operator counts as small")
+    ops_count: int = measure("count", "top-level operators on the training thread inside the steps")
+    shaped_ops_count: int = measure("count", "of those, operators with a recorded input shape (in them or below)")
+    small_ops_count: int = measure("count", "small operators")
+    small_ops_per_step: float = measure("count", "small_ops_count / steps_count")
+    small_ops_us: float = us("time inside the small operators")
+    between_small_us: float = us(
+        "host time between two consecutive small operators of the same step, each gap counted up to gap_cap_us "
+        "(the Python that issues them)"
+    )
+    gap_cap_us: float = us("largest gap counted into between_small_us")
+    dispatch_us: float = us("small_ops_us + between_small_us")
+    dispatch_ratio: float = ratio("dispatch_us / window_us")
+    dispatch_per_op_us: float | None = us("dispatch_us / small_ops_count: what one small operator costs", default=None)
+
+
+class OptimizerStep(Fact):
+    """The optimizer's step() over all analysed steps (step = null), from the profiler's
+    'Optimizer.step#<Class>.step' annotations and the operators inside them. Only emitted when the
+    trace has such annotations inside the analysed steps."""
+
+    kind: Literal["optimizer_step"] = "optimizer_step"
+    optimizer: str = Field(description="optimizer class named in the annotation (AdamW, SGD, ...)")
+    implementation: Literal["for_loop", "foreach", "fused"] = Field(
+        description="fused: a _fused_ operator inside; foreach: _foreach_ operators; for_loop: neither "
+        "(one set of operators per parameter tensor)"
+    )
+    steps_count: int = measure("count", "analysed steps")
+    window_us: float = us("summed step windows")
+    calls_count: int = measure("count", "optimizer.step() calls inside the analysed steps")
+    optimizer_us: float = us("their summed duration")
+    optimizer_ratio: float = ratio("optimizer_us / window_us")
+    ops_per_call: float = measure("count", "top-level operators inside one step() call, on average")

@@ -1,0 +1,149 @@
+"""dispatch analyzer: per-call costs - operators too small to be worth dispatching, and optimizers
+that update parameters one tensor at a time.
+
+Facts (hermes_kb/facts/cpu.py; formulas in docs/analysis/cpu.md):
+
+* ``operator_dispatch`` (rank-level): top-level operators on the training thread whose largest
+  input, in them or in anything they call, has at most ``SMALL_ELEMENTS`` elements; their time
+  plus the host time between consecutive ones (each gap up to ``GAP_CAP_US``). A Python loop over
+  tiny tensors shows as hundreds of such operators per step, one after another.
+* ``optimizer_step`` (rank-level): time inside 'Optimizer.step#<Class>.step' annotations, and
+  whether the update ran fused, multi-tensor (foreach) or as a per-parameter loop.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import numpy as np
+
+from hermes_kb.facts.base import Evidence, Fact
+from hermes_kb.facts.cpu import OperatorDispatch, OptimizerStep
+
+from .context import RankContext
+from .io import div, main_tid
+
+# 4096 elements is a few microseconds of arithmetic at most, about what PyTorch's Python binding,
+# dispatcher and autograd bookkeeping cost per call on a CPU core
+SMALL_ELEMENTS = 4096
+GAP_CAP_US = 200.0
+TOP_NAMES = 5
+OPTIMIZER_RE = re.compile(r"^Optimizer\.step#(\w+)\.step$")
+
+
+def largest_input(dims_text: str) -> int:
+    """Element count of the largest tensor argument in a Kineto 'Input Dims' value; -1 when the
+    value records no tensor shape."""
+    try:
+        dims = json.loads(dims_text) if dims_text else None
+    except (TypeError, ValueError):
+        return -1
+    if not isinstance(dims, list):
+        return -1
+    best = -1
+    for d in dims:
+        if isinstance(d, list) and all(isinstance(x, int) for x in d):
+            best = max(best, math.prod(d) if d else 1)
+    return best
+
+
+def _work_of_roots(ops, depth_max: int) -> tuple[np.ndarray, np.ndarray]:
+    """(root row of every op, largest input under each root indexed by row; -1 when unknown)."""
+    cats = ops["input_dims"].cat.categories
+    per_cat = np.array([largest_input(str(c)) for c in cats] + [-1], dtype=np.int64)
+    codes = ops["input_dims"].cat.codes.to_numpy().astype(np.int64)
+    el = per_cat[np.where(codes < 0, len(cats), codes)]
+    parent = ops["parent"].to_numpy()
+    root = np.arange(len(ops))
+    for _ in range(depth_max):
+        p = parent[root]
+        if (p < 0).all():
+            break
+        root = np.where(p >= 0, p, root)
+    work = np.full(len(ops), -1, dtype=np.int64)
+    np.maximum.at(work, root, el)
+    return root, work
+
+
+def _dispatch(ctx: RankContext) -> list[Fact]:
+    tr = ctx.trace
+    ops = tr.cpu_ops
+    if not len(ops) or not any(str(c) for c in ops["input_dims"].cat.categories):
+        return []
+    tid = main_tid(tr)
+    if tid is None:
+        return []
+    _, work = _work_of_roots(ops, int(ops["depth"].max()))
+    st = ctx.step_of(ops["ts"].to_numpy())
+    sel = np.flatnonzero((ops["depth"].to_numpy() == 0) & (ops["tid"].to_numpy() == tid) & (st >= 0))
+    if not len(sel):
+        return []
+    sel = sel[np.argsort(ops["ts"].to_numpy()[sel], kind="stable")]
+    ts, end = ops["ts"].to_numpy()[sel], ops["end"].to_numpy()[sel]
+    w, step = work[sel], st[sel]
+    small = (w >= 0) & (w <= SMALL_ELEMENTS)
+    pair = small[:-1] & small[1:] & (step[:-1] == step[1:])
+    gaps = np.clip(ts[1:] - end[:-1], 0.0, GAP_CAP_US)
+    small_us = float((end - ts)[small].sum())
+    between = float(gaps[pair].sum())
+    n_small = int(small.sum())
+    window = float(sum(max(0.0, x.duration_us) for x in ctx.windows))
+    names = ops["name"].to_numpy()[sel][small]
+    uniq, counts = np.unique(names.astype(str), return_counts=True) if n_small else (np.array([]), np.array([]))
+    top = np.argsort(-counts)[:TOP_NAMES]
+    longest = np.argsort(-(end - ts) * small)[:3] if n_small else []
+    return [OperatorDispatch(
+        rank=tr.rank, steps_count=len(ctx.windows), window_us=window, small_elements=SMALL_ELEMENTS,
+        ops_count=len(sel), shaped_ops_count=int((w >= 0).sum()), small_ops_count=n_small,
+        small_ops_per_step=n_small / max(len(ctx.windows), 1), small_ops_us=small_us, between_small_us=between,
+        gap_cap_us=GAP_CAP_US, dispatch_us=small_us + between, dispatch_ratio=div(small_us + between, window),
+        dispatch_per_op_us=(small_us + between) / n_small if n_small else None,
+        evidence=Evidence(
+            time_ranges_us=[(float(ts[i]), float(end[i])) for i in longest],
+            events=[str(uniq[i]) for i in top], counts={str(uniq[i]): int(counts[i]) for i in top},
+            note=f"training thread {tid}; small = largest input of the op and its callees <= {SMALL_ELEMENTS} elements",
+        ),
+    )]  # fmt: skip
+
+
+def _optimizer(ctx: RankContext) -> list[Fact]:
+    tr = ctx.trace
+    ann = tr.annotations
+    if not len(ann):
+        return []
+    names = ann["name"].astype(str)
+    m = names.str.match(OPTIMIZER_RE.pattern).to_numpy() & (ctx.step_of(ann["ts"].to_numpy()) >= 0)
+    if not m.any():
+        return []
+    calls = ann[m]
+    ops = tr.cpu_ops
+    inside = np.zeros(len(ops), dtype=bool)
+    if len(ops):
+        ots, otid = ops["ts"].to_numpy(), ops["tid"].to_numpy()
+        for ts, end, tid in zip(calls["ts"].to_numpy(), calls["end"].to_numpy(), calls["tid"].to_numpy()):
+            inside |= (ots >= ts) & (ots < end) & (otid == tid)
+    op_names = ops["name"].to_numpy()[inside].astype(str) if inside.any() else np.array([], dtype=str)
+    impl = ("fused" if any("_fused_" in n for n in op_names)
+            else "foreach" if any("_foreach_" in n for n in op_names) else "for_loop")  # fmt: skip
+    top_level = int((inside & (ops["depth"].to_numpy() == 0)).sum()) if len(ops) else 0
+    window = float(sum(max(0.0, x.duration_us) for x in ctx.windows))
+    dur = float(calls["dur"].sum())
+    cls = OPTIMIZER_RE.match(str(calls["name"].iloc[0]))
+    longest = np.argsort(-calls["dur"].to_numpy())[:3]
+    return [OptimizerStep(
+        rank=tr.rank, optimizer=cls.group(1) if cls else "unknown", implementation=impl,
+        steps_count=len(ctx.windows), window_us=window, calls_count=len(calls), optimizer_us=dur,
+        optimizer_ratio=div(dur, window), ops_per_call=top_level / len(calls),
+        evidence=Evidence(
+            time_ranges_us=[(float(calls["ts"].iloc[i]), float(calls["end"].iloc[i])) for i in longest],
+            events=[str(calls["name"].iloc[0])], counts={str(calls["name"].iloc[0]): len(calls)},
+        ),
+    )]  # fmt: skip
+
+
+def per_rank(ctx: RankContext) -> list[Fact]:
+    if not ctx.windows:
+        return []
+    return _dispatch(ctx) + _optimizer(ctx)
