@@ -217,7 +217,9 @@ def _env_facts(rank: int, log: RankLog, s: _Series, device: str) -> list[Monitor
     for name, bad in debug.items():
         if name in var and bad(var[name]):
             found.append(("debug_logging", name, var[name], host))
-    for name, issue in (("NCCL_P2P_DISABLE", "p2p_disabled"), ("NCCL_IB_DISABLE", "ib_disabled")):
+    for name, issue in (("NCCL_P2P_DISABLE", "p2p_disabled"), ("NCCL_IB_DISABLE", "ib_disabled"),
+                        ("HCCL_INTRA_ROCE_ENABLE", "hccl_intra_link_forced"),
+                        ("HCCL_INTRA_PCIE_ENABLE", "hccl_intra_link_forced")):  # fmt: skip
         if var.get(name, "").strip().lower() in TRUE:
             found.append((issue, name, var[name], 0.0))
     omp = var.get("OMP_NUM_THREADS", "")

@@ -1,6 +1,8 @@
 """Advice on a monitor RUN_DIR: the rank<R>.jsonl logs of the whole run, plus the newest
-rank<R>.capture<ID>.json.gz trace of each rank when the monitor captured some (analysed with
-the normal trace pipeline; their facts join the monitor's)."""
+rank<R>.capture<ID>.json.gz trace (or torch_npu ``*_ascend_pt`` directory) of each rank when the
+run has some (analysed with the normal trace pipeline; their facts join the monitor's). The
+environment the monitor recorded fills in what a rank's trace did not record (torch_npu records a
+handful of variables, not HCCL_INTRA_*; the monitor every HCCL_*, NCCL_*, ASCEND_*, ... one)."""
 
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ def analyze_run_dir(run_dir: str | os.PathLike, *, max_workers: int | None = Non
     if newest:
         try:
             bundle = load([str(p) for p in newest], max_workers=max_workers)
+            merge_monitor_env(bundle, run)
             facts.extend(analyze_bundle(bundle, max_workers=max_workers))
             warnings += [f"skipped {p.message}" for p in bundle.problems] + list(bundle.warnings)
         except HermesError as err:
@@ -52,6 +55,16 @@ def analyze_run_dir(run_dir: str | os.PathLike, *, max_workers: int | None = Non
     warnings += [f"analyzer {f.analyzer} failed on rank {f.rank}: {f.message}"
                  for f in facts if f.kind == "analyzer_error"]  # fmt: skip
     return RunAnalysis(run=run, facts=facts, bundle=bundle, warnings=warnings)
+
+
+def merge_monitor_env(bundle: TraceBundle, run: RunLog) -> None:
+    """Add the variables the monitor recorded for a rank to that rank's trace environment, where
+    the trace did not record them (the trace's own values win)."""
+    for rank, trace in bundle.ranks.items():
+        log = run.ranks.get(rank)
+        env = ((log.environment or {}).get("env") if log is not None else None) or {}
+        for k, v in env.items():
+            trace.meta.env.setdefault(str(k), str(v))
 
 
 def advise_run_dir(run_dir: str | os.PathLike, *, config=None, engine="auto", top: int | None = None,

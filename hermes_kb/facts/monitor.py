@@ -156,7 +156,8 @@ class MonitorCpu(Fact):
 
 
 EnvIssue = Literal[
-    "launch_blocking", "debug_logging", "p2p_disabled", "ib_disabled", "omp_threads_too_high", "gc_threshold_lowered"
+    "launch_blocking", "debug_logging", "p2p_disabled", "ib_disabled", "hccl_intra_link_forced", "omp_threads_too_high",
+    "gc_threshold_lowered",
 ]
 
 

@@ -3,14 +3,15 @@
 They read what kernel_details.csv, the CANN API layer, the HCCL task records and the profiler's
 metadata add to the common frames: the core an operator ran on (AI Core / AI Vector / AI CPU),
 its block dim, pipe utilisation, operator state (dynamic / static shape), formats, the AI Core
-clock, HCCL transfer tasks and the recorded environment variables.
+clock, HCCL transfer tasks, the transit time per link of each HCCL op and the recorded
+environment variables.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from .base import Fact, measure, ratio, us
 
@@ -208,3 +209,79 @@ class NpuAllocation(Fact):
     alloc_ratio: float = ratio("alloc_us / window_us")
     alloc_conf: str | None = Field(default=None, description="PYTORCH_NPU_ALLOC_CONF as recorded (null: not recorded or unset)")
     expandable_segments: bool = Field(default=False, description="PYTORCH_NPU_ALLOC_CONF has expandable_segments:True")
+
+
+class HcclLinkStep(BaseModel):
+    """HCCL transit time and bytes per link in one analysed step (communication.json)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step: int = Field(description="step number of the analysis window")
+    window_us: float = us("length of the step window")
+    hccs_us: float = us("transit time on HCCS")
+    hccs_bytes: float = measure("bytes", "bytes moved on HCCS")
+    rdma_us: float = us("transit time on RDMA (RoCE)")
+    rdma_bytes: float = measure("bytes", "bytes moved on RDMA")
+    pcie_us: float = us("transit time on PCIe")
+    pcie_bytes: float = measure("bytes", "bytes moved on PCIe")
+    sio_us: float = us("transit time on SIO (die to die)")
+    sio_bytes: float = measure("bytes", "bytes moved on SIO")
+    slow_us: float = us("rdma_us + pcie_us")
+    slow_share_ratio: float = ratio("slow_us / window_us (capped at 1)")
+
+
+class NpuHcclLinks(Fact):
+    """Which links HCCL moved the rank's bytes over (communication.json: transit time, bytes and
+    bandwidth per link of each op, summed over the ops that start in the analysed steps), with the
+    HCCL variables that choose the intra-server link. HCCL_INTRA_ROCE_ENABLE=1 sends intra-server
+    traffic over RoCE (RDMA), HCCL_INTRA_PCIE_ENABLE=1 over PCIe; RDMA + PCIe transit is the
+    'slow-link' time. torch_npu does not record these two variables; hermes' monitor does, and
+    ``hermes advise RUN_DIR`` merges its record into the trace's environment."""
+
+    kind: Literal["npu_hccl_links"] = "npu_hccl_links"
+    steps_count: int = measure("count", "analysed steps")
+    window_us: float = us("analysed time (summed step windows)")
+    ops_count: int = measure("count", "HCCL ops (communication.json rows) starting in the windows")
+    hccs_us: float = us("transit time on HCCS")
+    hccs_bytes: float = measure("bytes", "bytes moved on HCCS")
+    hccs_gbps: float | None = measure("gbps", "hccs_bytes / hccs_us; null when no HCCS time", default=None)
+    rdma_us: float = us("transit time on RDMA (RoCE)")
+    rdma_bytes: float = measure("bytes", "bytes moved on RDMA")
+    rdma_gbps: float | None = measure("gbps", "rdma_bytes / rdma_us; null when no RDMA time", default=None)
+    pcie_us: float = us("transit time on PCIe")
+    pcie_bytes: float = measure("bytes", "bytes moved on PCIe")
+    pcie_gbps: float | None = measure("gbps", "pcie_bytes / pcie_us; null when no PCIe time", default=None)
+    sio_us: float = us("transit time on SIO (die to die, Atlas A3)")
+    sio_bytes: float = measure("bytes", "bytes moved on SIO")
+    sio_gbps: float | None = measure("gbps", "sio_bytes / sio_us; null when no SIO time", default=None)
+    slow_us: float = us("rdma_us + pcie_us: transit on the links HCCL_INTRA_* force intra-server traffic onto")
+    slow_bytes: float = measure("bytes", "rdma_bytes + pcie_bytes")
+    slow_gbps: float | None = measure("gbps", "slow_bytes / slow_us; null when no slow-link time", default=None)
+    slow_per_step_us: float = us("slow_us / steps_count")
+    slow_share_ratio: float = ratio("slow_us / window_us (capped at 1)")
+    max_step_slow_share_ratio: float = ratio("largest slow-link share of one step")
+    hccs_measured: bool = Field(description="at least HCCS_MIN_BYTES (1 MB) moved on HCCS in the windows: its bandwidth is a usable yardstick")  # fmt: skip
+    hccs_speedup_fraction: float | None = ratio(
+        "1 - slow_gbps / hccs_gbps (0 when the slow links were not slower): the share of the slow-link "
+        "transit HCCS would have saved at the bandwidth it reached in this trace; null when HCCS was not "
+        "measured or there was no slow-link time",
+        default=None,
+    )
+    nominal_speedup_low_fraction: float = ratio("the same from nominal link bandwidths, low end (docs/analysis/npu.md)")
+    nominal_speedup_high_fraction: float = ratio("the same from nominal link bandwidths, high end")
+    speedup_source: Literal["measured", "nominal"] = Field(
+        description="measured: HCCS moved at least 1 MB in this trace and its bandwidth is the yardstick of "
+        "recoverable_us; nominal: the middle of the nominal range is used"
+    )
+    recoverable_us: float = us(
+        "slow_us x hccs_speedup_fraction when measured, else slow_us x the middle of the nominal range: "
+        "the transit time moving this traffic to HCCS would save"
+    )
+    recoverable_ratio: float = ratio("recoverable_us / window_us")
+    intra_roce_forced: bool = Field(description="HCCL_INTRA_ROCE_ENABLE recorded as 1")
+    intra_pcie_forced: bool = Field(description="HCCL_INTRA_PCIE_ENABLE recorded as 1")
+    intra_flags_recorded: bool = Field(description="either variable is in the recorded environment (torch_npu alone never records them)")  # fmt: skip
+    hccl_env: dict[str, str] = Field(default_factory=dict, description="HCCL_* variables as recorded ('' = unset)")
+    hccl_algo: str | None = Field(default=None, description="HCCL_ALGO when set")
+    world_size: int | None = measure("count", "ranks in the job as recorded; RDMA time of a multi-server job includes inter-server traffic", default=None)  # fmt: skip
+    steps: list[HcclLinkStep] = Field(default_factory=list, description="per analysed step")

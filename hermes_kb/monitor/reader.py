@@ -19,6 +19,7 @@ from typing import Any
 
 LOG_RE = re.compile(r"^rank(\d+)\.jsonl$")
 CAPTURE_RE = re.compile(r"^rank(\d+)\.capture(.+)\.json\.gz$")
+ASCEND_INFO_RE = re.compile(r"^profiler_info_(\d+)\.json$")  # inside a torch_npu *_ascend_pt directory
 SAMPLE_KEYS = ("process_cpu_cores", "system_cpu_ratio", "rss_bytes", "affinity_count", "runqueue_wait_ratio",
                "top_procs", "others_cores", "siblings_cores", "children_cores", "children_count", "threads_count",
                "torch_threads")  # fmt: skip
@@ -56,7 +57,7 @@ class RankLog:
 class RunLog:
     run_dir: str
     ranks: dict[int, RankLog]
-    captures: dict[int, list[Path]]  # rank -> capture traces, oldest first
+    captures: dict[int, list[Path]]  # rank -> capture traces (and torch_npu *_ascend_pt dirs), oldest first
     warnings: list[str]
 
     @property
@@ -124,6 +125,14 @@ def read_rank_log(path: Path, rank: int) -> RankLog:
     return log
 
 
+def ascend_rank(d: Path) -> int | None:
+    """The rank of a torch_npu profiler directory (``*_ascend_pt``) from its profiler_info_<R>.json."""
+    for c in d.iterdir():
+        if m := ASCEND_INFO_RE.match(c.name):
+            return int(m.group(1))
+    return None
+
+
 def is_run_dir(path: str | Path) -> bool:
     p = Path(path)
     return p.is_dir() and any(LOG_RE.match(c.name) for c in p.iterdir())
@@ -145,8 +154,9 @@ def _read_all(logs: list[tuple[Path, int]]) -> list[RankLog]:
 
 
 def read_run(run_dir: str | Path) -> RunLog:
-    """Every rank<R>.jsonl and rank<R>.capture<ID>.json.gz in ``run_dir`` (large logs are read
-    in parallel processes, one rank each)."""
+    """Every rank<R>.jsonl and rank<R>.capture<ID>.json.gz in ``run_dir``, and the torch_npu
+    profiler directories (``*_ascend_pt``) written into it (large logs are read in parallel
+    processes, one rank each)."""
     d = Path(run_dir)
     ranks: dict[int, RankLog] = {}
     captures: dict[int, list[Path]] = {}
@@ -157,6 +167,8 @@ def read_run(run_dir: str | Path) -> RunLog:
             logs.append((c, int(m.group(1))))
         elif m := CAPTURE_RE.match(c.name):
             captures.setdefault(int(m.group(1)), []).append(c)
+        elif c.is_dir() and c.name.endswith("_ascend_pt") and (r := ascend_rank(c)) is not None:
+            captures.setdefault(r, []).append(c)
     for log in _read_all(logs):
         c = log.path
         if log.bad_lines:
