@@ -58,6 +58,8 @@ class Outcome:
     top3: bool = False
     predicted: tuple[float, float] | None = None
     measured: float | None = None
+    # fixed-twin findings whose own fix was applied to the twin and timed (secondary.json)
+    checked: list[dict] = field(default_factory=list)
 
     @property
     def gain_hit(self) -> bool | None:
@@ -128,6 +130,24 @@ def score_scenario(d: Path) -> Outcome:
             high = [f for f in rep["findings"] if f["severity"] == "high"]
             out.fixed_high += [f"{variant}: {f['case_id']}" for f in high]
             out.fixed_residue += sum(1 for f in high if not healthy and _matches(f, label))
+            out.checked += _checked(d, variant, high)
+    return out
+
+
+CONFIRMED = 1.1  # a second fix that gains at least this much was a real finding, not a false alarm
+
+
+def _checked(d: Path, variant: str, high: list[dict]) -> list[dict]:
+    """High findings on a twin whose fix verify_secondary.py applied and timed."""
+    path = d / "secondary.json"
+    done = json.loads(path.read_text()) if path.is_file() else {}
+    out = []
+    for f in high:
+        m = done.get(f"{variant}/{f['case_id']}")
+        if m:
+            lo, hi = f["expected_speedup"]["low"], f["expected_speedup"]["high"]
+            out.append({"variant": variant, "case_id": f["case_id"], "change": m["change"], "predicted": (lo, hi),
+                        "measured": m["speedup"], "in_range": lo <= m["speedup"] <= hi})  # fmt: skip
     return out
 
 
@@ -153,6 +173,8 @@ def summarize(outcomes: list[Outcome]) -> dict:
         "top3": sum(o.top3 for o in scored) / n if n else 0.0,
         "false_alarms": sum(len(o.fixed_high) for o in outcomes),
         "false_alarms_same_cause": sum(o.fixed_residue for o in outcomes),
+        "false_alarms_checked": sum(len(o.checked) for o in outcomes),
+        "false_alarms_checked_real": sum(c["measured"] >= CONFIRMED for o in outcomes for c in o.checked),
         "median_gain_error": statistics.median(errors) if errors else None,
         "gain_hits": f"{sum(hits)}/{len(hits)}",
     }
@@ -175,6 +197,8 @@ def render(outcomes: list[Outcome], summary: dict, obs) -> str:
         f"| top-3 | {pct(summary['top3'])} | |",
         f"| high-severity false alarms (fixed twins, healthy control) | {summary['false_alarms']} | 0 |",
         f"| of which the injected cause, still measured after the fix | {summary.get('false_alarms_same_cause', 0)} | |",
+        f"| of the others, checked by timing their own fix on the twin | {summary.get('false_alarms_checked', 0)}, "
+        f"of which gained >= {CONFIRMED:.1f}x (real findings) {summary.get('false_alarms_checked_real', 0)} | |",
         f"| median gain error (midpoint vs measured speedup) | {pct(summary['median_gain_error'])} | <= 25% |",
         f"| measured speedup inside the predicted range | {summary['gain_hits']} | |",
         "",
@@ -193,6 +217,15 @@ def render(outcomes: list[Outcome], summary: dict, obs) -> str:
             f"| {said} | {'yes' if o.top1 else 'no'} | {'yes' if o.top3 else 'no'} | {pred} | {meas} | {pct(o.gain_error)} "
             f"| {', '.join(o.fixed_high) or 'none'} |"
         )
+    checked = [(o.name, c) for o in outcomes for c in o.checked]
+    if checked:
+        lines += ["", "## Findings on fixed twins, checked by timing their fix", "",
+                  "`benchmarks/scenarios/verify_secondary.py` applied the finding's own fix to the twin and timed both "
+                  "(secondary.json). They stay in the false-alarm count above.", "",
+                  "| scenario | finding | change | predicted | measured | in range |", "|---|---|---|---|---|---|"]  # fmt: skip
+        for name, c in checked:
+            lines.append(f"| {name} ({c['variant']}) | {c['case_id']} | {c['change']} | {c['predicted'][0]:.2f}-{c['predicted'][1]:.2f}x "
+                         f"| {c['measured']:.2f}x | {'yes' if c['in_range'] else 'no'} |")  # fmt: skip
     lines += ["", "## What hermes said first, and why", ""]
     for o in outcomes:
         lines.append(f"- **{o.name}**: " + ("; ".join(
