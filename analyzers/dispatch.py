@@ -93,7 +93,7 @@ def _dispatch(ctx: RankContext) -> list[Fact]:
     names = ops["name"].to_numpy()[sel][small]
     uniq, counts = np.unique(names.astype(str), return_counts=True) if n_small else (np.array([]), np.array([]))
     top = np.argsort(-counts)[:TOP_NAMES]
-    longest = np.argsort(-(end - ts) * small)[:3] if n_small else []
+    longest = np.flatnonzero(small)[np.argsort(-(end - ts)[small])[:3]]  # the 3 longest small ops
     return [OperatorDispatch(
         rank=tr.rank, steps_count=len(ctx.windows), window_us=window, small_elements=SMALL_ELEMENTS,
         ops_count=len(sel), shaped_ops_count=int((w >= 0).sum()), small_ops_count=n_small,

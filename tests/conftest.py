@@ -42,6 +42,14 @@ def write_trace(path: Path, events: list[dict], gz: bool = False, **top) -> Path
     return path
 
 
+def ascend_x(pid: int, name: str, ts: float, dur: float, cat: str | None = None, tid: int = 7) -> dict:
+    """An event of a torch_npu trace_view.json (timestamps as strings, as torch_npu writes them)."""
+    e = {"ph": "X", "pid": pid, "tid": tid, "name": name, "ts": f"{ts:.3f}", "dur": dur, "args": {}}
+    if cat:
+        e["cat"] = cat
+    return e
+
+
 def X(cat: str, name: str, ts, dur, pid=1, tid=1, args: dict | None = None) -> dict:
     ev = {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur}
     if args:

@@ -9,27 +9,20 @@ from pathlib import Path
 import pytest
 
 import hermes_kb
-from conftest import SHARED
+from conftest import SHARED, ascend_x
 from hermes_kb.trace.ascend import runtime_kind_npu
 
 ASCEND = SHARED / "ascend"
 needs_ascend = pytest.mark.skipif(not ASCEND.is_dir(), reason="../shared/data/ascend is absent")
 
 
-def _x(proc_pid: int, name: str, ts: float, dur: float, cat: str | None = None, tid: int = 7) -> dict:
-    e = {"ph": "X", "pid": proc_pid, "tid": tid, "name": name, "ts": f"{ts:.3f}", "dur": dur, "args": {}}
-    if cat:
-        e["cat"] = cat
-    return e
-
-
 def _export(tmp: Path, cann: list[tuple[str, float, float]], alloc_conf: str = "") -> Path:
     """Two steps of 1000 µs (ProfilerStep#1 at 1000, #2 at 2000) and the given CANN calls."""
     ev = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "Python"}},
           {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "CANN"}},
-          _x(1, "ProfilerStep#1", 1000, 1000, "cpu_op"), _x(1, "ProfilerStep#2", 2000, 1000, "cpu_op"),
-          _x(1, "aten::add", 1010, 5, "cpu_op")]  # fmt: skip
-    ev += [_x(2, n, ts, d) for n, ts, d in cann]
+          ascend_x(1, "ProfilerStep#1", 1000, 1000, "cpu_op"), ascend_x(1, "ProfilerStep#2", 2000, 1000, "cpu_op"),
+          ascend_x(1, "aten::add", 1010, 5, "cpu_op")]  # fmt: skip
+    ev += [ascend_x(2, n, ts, d) for n, ts, d in cann]
     out = tmp / "rank0_ascend_pt"
     (out / "ASCEND_PROFILER_OUTPUT").mkdir(parents=True)
     (out / "ASCEND_PROFILER_OUTPUT" / "trace_view.json").write_text(json.dumps(ev))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import hermes_kb
-from conftest import SHARED
+from conftest import SHARED, ascend_x
 from hermes_kb.analyzers.npu import NOMINAL_GBPS, _nominal_fractions
 from hermes_kb.run_advice import analyze_run_dir, merge_monitor_env
 from hermes_kb.trace import load
@@ -18,13 +18,6 @@ from hermes_kb.trace import load
 ASCEND = SHARED / "ascend"
 QWEN = ASCEND / "msinsight_st_level2_4rank_qwen3_0.6b_pp2"
 needs_ascend = pytest.mark.skipif(not ASCEND.is_dir(), reason="../shared/data/ascend is absent")
-
-
-def _x(pid: int, name: str, ts: float, dur: float, cat: str | None = None, tid: int = 7) -> dict:
-    e = {"ph": "X", "pid": pid, "tid": tid, "name": name, "ts": f"{ts:.3f}", "dur": dur, "args": {}}
-    if cat:
-        e["cat"] = cat
-    return e
 
 
 def _link(mb: float, ms: float) -> dict:
@@ -45,8 +38,8 @@ def _export(root: Path, steps: list[tuple[int, float, float]], ops: dict[str, di
     """A text export: ProfilerStep annotations (step, start µs, duration µs), communication.json
     with the given ops (all under one step key: hermes assigns steps by time), ENV_VARIABLES."""
     ev = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "Python"}}]
-    ev += [_x(1, f"ProfilerStep#{s}", ts, dur, "cpu_op") for s, ts, dur in steps]
-    ev += [_x(1, "aten::add", steps[0][1] + 10, 5, "cpu_op")]
+    ev += [ascend_x(1, f"ProfilerStep#{s}", ts, dur, "cpu_op") for s, ts, dur in steps]
+    ev += [ascend_x(1, "aten::add", steps[0][1] + 10, 5, "cpu_op")]
     out = root / name
     (out / "ASCEND_PROFILER_OUTPUT").mkdir(parents=True)
     (out / "ASCEND_PROFILER_OUTPUT" / "trace_view.json").write_text(json.dumps(ev))
