@@ -39,6 +39,7 @@ from hermes_kb.facts.compute import (
 
 from . import intervals as iv
 from .context import RankContext
+from .dispatch import in_optimizer, optimizer_calls
 from .flops import ELEMENTWISE_OPS, FLOAT_RANK, is_recognised, op_cost, shape_signature
 
 # --- parameters (docs/analysis/compute.md says where each comes from) -----------------------
@@ -565,6 +566,7 @@ def _cpu_class_facts(ctx: RankContext) -> list[Fact]:
     table = np.array([str(c) for c in ops["name"].cat.categories] + [""], dtype=object)
     cls = vals[codes][m]
     st = _cpu_self_time(ops)[m]
+    opt = in_optimizer(ops, optimizer_calls(ctx))[m]
     codes = codes[m]
     total = float(st.sum())
     wtot = _window_total(ctx)
@@ -575,11 +577,13 @@ def _cpu_class_facts(ctx: RankContext) -> list[Fact]:
         if not n:
             continue
         t = float(st[sel].sum())
+        t_opt = float(st[sel & opt].sum())
         out.append(KernelClassShare(
             rank=ctx.rank, kernel_class=c, source="cpu_op", time_us=t, busy_us=min(t, wtot), count=n,
             share_of_device_time_ratio=_ratio(t / total) if total > 0 else 0.0,
             share_of_step_time_ratio=_ratio(t / wtot) if wtot > 0 else 0.0,
-            mean_duration_us=t / n,
+            mean_duration_us=t / n, in_optimizer_us=t_opt, outside_optimizer_us=t - t_opt,
+            outside_optimizer_share_ratio=_ratio((t - t_opt) / total) if total > 0 else 0.0,
             evidence=Evidence(
                 time_ranges_us=[ctx.span],
                 events=_top_names(codes[sel], st[sel], table),

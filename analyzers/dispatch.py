@@ -18,6 +18,7 @@ import math
 import re
 
 import numpy as np
+import pandas as pd
 
 from hermes_kb.facts.base import Evidence, Fact
 from hermes_kb.facts.cpu import OperatorDispatch, OptimizerStep
@@ -108,22 +109,32 @@ def _dispatch(ctx: RankContext) -> list[Fact]:
     )]  # fmt: skip
 
 
-def _optimizer(ctx: RankContext) -> list[Fact]:
-    tr = ctx.trace
-    ann = tr.annotations
+def optimizer_calls(ctx: RankContext) -> pd.DataFrame:
+    """The 'Optimizer.step#<Class>.step' annotations that start in an analysed step."""
+    ann = ctx.trace.annotations
     if not len(ann):
-        return []
-    names = ann["name"].astype(str)
-    m = names.str.match(OPTIMIZER_RE.pattern).to_numpy() & (ctx.step_of(ann["ts"].to_numpy()) >= 0)
-    if not m.any():
-        return []
-    calls = ann[m]
-    ops = tr.cpu_ops
+        return ann
+    m = ann["name"].astype(str).str.match(OPTIMIZER_RE.pattern).to_numpy() & (ctx.step_of(ann["ts"].to_numpy()) >= 0)
+    return ann[m]
+
+
+def in_optimizer(ops: pd.DataFrame, calls: pd.DataFrame) -> np.ndarray:
+    """Which ops start inside one of the optimizer calls, on the call's thread."""
     inside = np.zeros(len(ops), dtype=bool)
-    if len(ops):
+    if len(ops) and len(calls):
         ots, otid = ops["ts"].to_numpy(), ops["tid"].to_numpy()
         for ts, end, tid in zip(calls["ts"].to_numpy(), calls["end"].to_numpy(), calls["tid"].to_numpy()):
             inside |= (ots >= ts) & (ots < end) & (otid == tid)
+    return inside
+
+
+def _optimizer(ctx: RankContext) -> list[Fact]:
+    tr = ctx.trace
+    calls = optimizer_calls(ctx)
+    if not len(calls):
+        return []
+    ops = tr.cpu_ops
+    inside = in_optimizer(ops, calls)
     op_names = ops["name"].to_numpy()[inside].astype(str) if inside.any() else np.array([], dtype=str)
     impl = ("fused" if any("_fused_" in n for n in op_names)
             else "foreach" if any("_foreach_" in n for n in op_names) else "for_loop")  # fmt: skip

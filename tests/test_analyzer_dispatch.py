@@ -5,11 +5,13 @@ dispatch_tiny_ops scenario with its vectorised twin (benchmarks/scenarios)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 import hermes_kb
+from analyzers import compute as C
 from analyzers import dispatch as D
 from analyzers.steps import step_context
 from conftest import X, write_trace
@@ -123,3 +125,16 @@ def test_optimizer_case_on_the_small_batch_recording():
     f = next(x for x in rep.findings if x.case_id == "C-CPU-027")
     assert f.expected_speedup.low == pytest.approx(1.72, abs=0.02)
     assert f.expected_speedup.high == pytest.approx(2.46, abs=0.02)
+
+
+def test_elementwise_time_inside_the_optimizer_is_split_out(tmp_path):
+    # three element-wise ops inside AdamW.step(), 20 µs each with a 2 µs child: 3 x 18 µs of self
+    # time in the optimizer; plus one 10 µs element-wise op (64 elements) before it, outside
+    path = optimizer_trace(tmp_path, ["aten::mul_", "aten::lerp_", "aten::addcdiv_"])
+    ev = [*json.loads(path.read_text())["traceEvents"], op("aten::add", 400, 10, [[64], [64]], 50)]
+    f = next(x for x in C.per_rank(ctx_of(write_trace(tmp_path / "t2.json", ev)))
+             if x.kind == "kernel_class_share" and x.kernel_class == "elementwise")  # fmt: skip
+    assert f.time_us == pytest.approx(3 * 18 + 10)
+    assert f.in_optimizer_us == pytest.approx(54.0) and f.outside_optimizer_us == pytest.approx(10.0)
+    # all self time: linear 200 + 3 x 18 element-wise + 3 x 2 empty + 10 add = 270
+    assert f.outside_optimizer_share_ratio == pytest.approx(10 / 270)

@@ -28,6 +28,13 @@ class KernelClassShare(Fact):
     share_of_device_time_ratio: float = ratio("time_us / total time of all device activities (sums to 1 over classes)")
     share_of_step_time_ratio: float = ratio("busy_us / total step window time")
     mean_duration_us: float = us("time_us / count")
+    in_optimizer_us: float | None = us(
+        "cpu_op only: self time of this class's operators inside optimizer.step() calls", default=None
+    )
+    outside_optimizer_us: float | None = us("cpu_op only: time_us - in_optimizer_us", default=None)
+    outside_optimizer_share_ratio: float | None = ratio(
+        "cpu_op only: outside_optimizer_us / total operator self time", default=None
+    )
 
 
 class OperatorRoofline(Fact):
