@@ -50,8 +50,9 @@ def largest_input(dims_text: str) -> int:
     return best
 
 
-def _work_of_roots(ops, depth_max: int) -> tuple[np.ndarray, np.ndarray]:
-    """(root row of every op, largest input under each root indexed by row; -1 when unknown)."""
+def _work_of_roots(ops: pd.DataFrame, depth_max: int) -> np.ndarray:
+    """Largest input under each top-level op, indexed by row (-1 when unknown; meaningless for
+    nested rows)."""
     cats = ops["input_dims"].cat.categories
     per_cat = np.array([largest_input(str(c)) for c in cats] + [-1], dtype=np.int64)
     codes = ops["input_dims"].cat.codes.to_numpy().astype(np.int64)
@@ -65,7 +66,7 @@ def _work_of_roots(ops, depth_max: int) -> tuple[np.ndarray, np.ndarray]:
         root = np.where(p >= 0, p, root)
     work = np.full(len(ops), -1, dtype=np.int64)
     np.maximum.at(work, root, el)
-    return root, work
+    return work
 
 
 def _dispatch(ctx: RankContext) -> list[Fact]:
@@ -76,7 +77,7 @@ def _dispatch(ctx: RankContext) -> list[Fact]:
     tid = main_tid(tr)
     if tid is None:
         return []
-    _, work = _work_of_roots(ops, int(ops["depth"].max()))
+    work = _work_of_roots(ops, int(ops["depth"].max()))
     st = ctx.step_of(ops["ts"].to_numpy())
     sel = np.flatnonzero((ops["depth"].to_numpy() == 0) & (ops["tid"].to_numpy() == tid) & (st >= 0))
     if not len(sel):
@@ -121,10 +122,16 @@ def optimizer_calls(ctx: RankContext) -> pd.DataFrame:
 def in_optimizer(ops: pd.DataFrame, calls: pd.DataFrame) -> np.ndarray:
     """Which ops start inside one of the optimizer calls, on the call's thread."""
     inside = np.zeros(len(ops), dtype=bool)
-    if len(ops) and len(calls):
-        ots, otid = ops["ts"].to_numpy(), ops["tid"].to_numpy()
-        for ts, end, tid in zip(calls["ts"].to_numpy(), calls["end"].to_numpy(), calls["tid"].to_numpy()):
-            inside |= (ots >= ts) & (ots < end) & (otid == tid)
+    if not len(ops) or not len(calls):
+        return inside
+    ots, otid = ops["ts"].to_numpy(), ops["tid"].to_numpy()
+    for tid in np.unique(calls["tid"].to_numpy()):
+        c = calls[calls["tid"].to_numpy() == tid].sort_values("ts")
+        starts, ends = c["ts"].to_numpy(), c["end"].to_numpy()
+        rows = np.flatnonzero(otid == tid)
+        i = np.searchsorted(starts, ots[rows], side="right") - 1
+        ok = i >= 0
+        inside[rows[ok]] = ots[rows[ok]] < ends[i[ok]]
     return inside
 
 
