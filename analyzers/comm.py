@@ -271,10 +271,6 @@ def _group_ranks(ctx: RankContext, pg_name: str, pg_ranks: str) -> list[int]:
     return []
 
 
-def _analysed_us(ctx: RankContext) -> float:
-    return float(sum(w.duration_us for w in ctx.windows))
-
-
 def per_rank(ctx: RankContext) -> list:
     df = rank_collectives(ctx)
     if not len(df):
@@ -430,7 +426,7 @@ def _summary(ctx: RankContext, df: pd.DataFrame, cu: iv.Intervals, device: str |
     u = iv.union(use["ts"].to_numpy(float), use["end"].to_numpy(float))
     comm = iv.length(u)
     exposed = iv.length(iv.subtract(u, cu)) if len(kern) else None
-    analysed = _analysed_us(ctx)
+    analysed = ctx.windows_us
     by_kind = df.groupby("kind")["dur"].sum().sort_values(ascending=False)
     pgs = [str(x) for x in df["pg"].unique()]
     link_name, link = group_link(ctx, [], None) if len(kern) else (UNKNOWN_LINK, None)

@@ -39,7 +39,7 @@ from hermes_kb.facts.compute import (
 
 from . import intervals as iv
 from .context import RankContext
-from .dispatch import in_optimizer, optimizer_calls
+from .dispatch import ops_in_optimizer
 from .flops import ELEMENTWISE_OPS, FLOAT_RANK, is_recognised, op_cost, shape_signature
 
 # --- parameters (docs/analysis/compute.md says where each comes from) -----------------------
@@ -399,10 +399,6 @@ def _windows(ctx: RankContext) -> iv.Intervals:
     return iv.union([w.start_us for w in ctx.windows], [w.end_us for w in ctx.windows])
 
 
-def _window_total(ctx: RankContext) -> float:
-    return float(sum(max(0.0, w.duration_us) for w in ctx.windows))
-
-
 def _in_windows(ctx: RankContext, ts: np.ndarray) -> np.ndarray:
     return ctx.step_of(ts) >= 0
 
@@ -521,7 +517,7 @@ def _ascend_classes(frame: pd.DataFrame, table: np.ndarray, name_codes: np.ndarr
 def _class_facts(ctx: RankContext, act: _Acts) -> list[Fact]:
     total = float(act.dur.sum())
     win = _windows(ctx)
-    wtot = _window_total(ctx)
+    wtot = ctx.windows_us
     out: list[Fact] = []
     for ci, c in enumerate(CLASSES):
         m = act.cls == ci
@@ -566,10 +562,10 @@ def _cpu_class_facts(ctx: RankContext) -> list[Fact]:
     table = np.array([str(c) for c in ops["name"].cat.categories] + [""], dtype=object)
     cls = vals[codes][m]
     st = _cpu_self_time(ops)[m]
-    opt = in_optimizer(ops, optimizer_calls(ctx))[m]
+    opt = ops_in_optimizer(ctx)[m]
     codes = codes[m]
     total = float(st.sum())
-    wtot = _window_total(ctx)
+    wtot = ctx.windows_us
     out: list[Fact] = []
     for ci, c in enumerate(CLASSES):
         sel = cls == ci
@@ -1050,7 +1046,7 @@ def _op_analysis(ctx: RankContext, k: _Acts, total_dev: float, dev: DeviceSpec |
 
     # summary and MFU
     tot_flops = float(flops_row.sum())
-    wtot = _window_total(ctx)
+    wtot = ctx.windows_us
     grp_cat = groups["category"].to_numpy()[row_group]
     grp_dt = groups["dtype"].to_numpy()[row_group]
     floaty = np.isin(grp_dt, list(FLOAT_RANK))

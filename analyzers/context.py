@@ -38,6 +38,11 @@ class RankContext:
         return self.trace.rank
 
     @property
+    def windows_us(self) -> float:
+        """Summed length of the analysed step windows."""
+        return float(sum(max(0.0, w.duration_us) for w in self.windows))
+
+    @property
     def span(self) -> tuple[float, float]:
         """First window start to last window end (the analysed part of the trace)."""
         if not self.windows:

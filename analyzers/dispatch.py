@@ -91,7 +91,7 @@ def _dispatch(ctx: RankContext) -> list[Fact]:
     small_us = float((end - ts)[small].sum())
     between = float(gaps[pair].sum())
     n_small = int(small.sum())
-    window = float(sum(max(0.0, x.duration_us) for x in ctx.windows))
+    window = ctx.windows_us
     names = ops["name"].to_numpy()[sel][small]
     uniq, counts = np.unique(names.astype(str), return_counts=True) if n_small else (np.array([]), np.array([]))
     top = np.argsort(-counts)[:TOP_NAMES]
@@ -135,18 +135,27 @@ def in_optimizer(ops: pd.DataFrame, calls: pd.DataFrame) -> np.ndarray:
     return inside
 
 
+def ops_in_optimizer(ctx: RankContext) -> np.ndarray:
+    """in_optimizer for the rank's cpu ops, computed once per rank (ctx.shared) for this analyzer
+    and the compute analyzer's class split."""
+    got = ctx.shared.get("ops_in_optimizer")
+    if got is None:
+        got = ctx.shared["ops_in_optimizer"] = in_optimizer(ctx.trace.cpu_ops, optimizer_calls(ctx))
+    return got
+
+
 def _optimizer(ctx: RankContext) -> list[Fact]:
     tr = ctx.trace
     calls = optimizer_calls(ctx)
     if not len(calls):
         return []
     ops = tr.cpu_ops
-    inside = in_optimizer(ops, calls)
+    inside = ops_in_optimizer(ctx)
     op_names = ops["name"].to_numpy()[inside].astype(str) if inside.any() else np.array([], dtype=str)
     impl = ("fused" if any("_fused_" in n for n in op_names)
             else "foreach" if any("_foreach_" in n for n in op_names) else "for_loop")  # fmt: skip
     top_level = int((inside & (ops["depth"].to_numpy() == 0)).sum()) if len(ops) else 0
-    window = float(sum(max(0.0, x.duration_us) for x in ctx.windows))
+    window = ctx.windows_us
     dur = float(calls["dur"].sum())
     cls = OPTIMIZER_RE.match(str(calls["name"].iloc[0]))
     longest = np.argsort(-calls["dur"].to_numpy())[:3]

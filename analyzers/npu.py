@@ -37,6 +37,7 @@ from hermes_kb.facts.npu import (
 
 from . import intervals as iv
 from .context import RankContext
+from .dispatch import OPTIMIZER_RE
 
 AICPU_SLOW_US = 20.0  # msprof-analyze: AI CPU operators over 20 µs are reported
 PIPE_BOUND = 0.8  # a pipe busy for 80% of the task's time bounds it
@@ -66,7 +67,6 @@ HCCS_MIN_BYTES = 1e6
 # links of a 4-NPU HCCS mesh (docs/analysis/npu.md).
 NOMINAL_GBPS = {"hccs_link": 30.0, "hccs_mesh": 90.0, "rdma": 12.5, "pcie": 32.0}
 LINKS = ("hccs", "rdma", "pcie", "sio")
-_OPT_RE = re.compile(r"^Optimizer\.step#(\w+)\.step$")
 FUSED_OPTIMIZERS = {"SGD": "torch_npu.optim.NpuFusedSGD", "Adam": "torch_npu.optim.NpuFusedAdam",
                     "AdamW": "torch_npu.optim.NpuFusedAdamW", "Adadelta": "torch_npu.optim.NpuFusedAdadelta",
                     "RMSprop": "torch_npu.optim.NpuFusedRMSprop", "Lamb": "torch_npu.optim.NpuFusedLamb"}  # fmt: skip
@@ -99,7 +99,7 @@ def _window_mask(ctx: RankContext, ts: np.ndarray) -> np.ndarray:
 
 def _window_us(ctx: RankContext) -> float:
     if ctx.windows:
-        return float(sum(w.duration_us for w in ctx.windows))
+        return ctx.windows_us
     lo, hi = ctx.trace.time_span()
     return hi - lo
 
@@ -542,7 +542,7 @@ def _affinity(ctx: RankContext) -> list[Fact]:
     if len(ann):
         a = ann[ann["kind"].astype(str) == "optimizer"]
         for name, g in a.groupby(a["name"].astype(str), sort=False, observed=True):
-            m = _OPT_RE.match(name)
+            m = OPTIMIZER_RE.match(name)
             if not m or m.group(1) not in FUSED_OPTIMIZERS:
                 continue
             host = float(g["dur"].sum())
