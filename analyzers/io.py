@@ -19,7 +19,6 @@ with ``start_us, end_us, category, name``); works without it. Leaves nothing in 
 from __future__ import annotations
 
 import re
-import warnings
 
 import numpy as np
 import pandas as pd
@@ -62,22 +61,21 @@ GC_NAME = "Python GC"
 
 
 def name_mask(names: pd.Series, pattern: re.Pattern | str) -> np.ndarray:
-    """Rows whose name matches the regex (matched once per distinct name of a categorical)."""
+    """Rows whose name matches the regex (re.search, once per distinct name). Matched with ``re``
+    directly: pandas' str.contains warns about capture groups, and silencing that warning is not
+    thread-safe (analyses run in threads)."""
     if not len(names):
         return np.zeros(0, dtype=bool)
+    rx = pattern if isinstance(pattern, re.Pattern) else re.compile(pattern)
     if isinstance(names.dtype, pd.CategoricalDtype):
         codes = names.cat.codes.to_numpy()
         used = np.unique(codes[codes >= 0])  # test only the names present in these rows
         hit = np.zeros(len(names.cat.categories), dtype=bool)
-        if len(used):
-            with warnings.catch_warnings():  # capture groups in the pattern are harmless here
-                warnings.simplefilter("ignore", UserWarning)
-                cats = pd.Index(names.cat.categories[used].astype(str))
-                hit[used] = np.asarray(cats.str.contains(pattern, regex=True), dtype=bool)
+        cats = names.cat.categories[used].astype(str)
+        hit[used] = np.fromiter((rx.search(c) is not None for c in cats), dtype=bool, count=len(used))
         return np.where(codes >= 0, hit[np.clip(codes, 0, None)], False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return names.astype(str).str.contains(pattern, regex=True).to_numpy(dtype=bool)
+    uniq, inv = np.unique(names.astype(str).to_numpy(), return_inverse=True)
+    return np.fromiter((rx.search(u) is not None for u in uniq), dtype=bool, count=len(uniq))[inv.reshape(-1)]
 
 
 def name_is(names: pd.Series, value: str) -> np.ndarray:
