@@ -124,7 +124,8 @@ def _mean_step(facts: list[dict[str, Any]]) -> dict[int | None, float]:
     return out
 
 
-def _gain(case: Case, m: Match, step_means: dict) -> tuple[float, float] | None:
+def _gain(case: Case, m: Match, step_means: dict) -> tuple[float, float, float | None] | None:
+    """(removable R, step T, bound on what the fix removes or None) of one match."""
     src = m.bindings.get(case.gain.removes.binding, {})
     r = src.get(case.gain.removes.field)
     if not isinstance(r, (int, float)):
@@ -137,7 +138,12 @@ def _gain(case: Case, m: Match, step_means: dict) -> tuple[float, float] | None:
         t = step_means.get(rank, step_means.get(None))
     if not isinstance(t, (int, float)) or t <= 0:
         return None
-    return min(max(float(r), 0.0), float(t)), float(t)
+    cap = None
+    if case.gain.at_most is not None:
+        c = m.bindings.get(case.gain.at_most.binding, {}).get(case.gain.at_most.field)
+        if isinstance(c, (int, float)):
+            cap = min(max(float(c), 0.0), float(t))
+    return min(max(float(r), 0.0), float(t)), float(t), cap
 
 
 def _evidence(m: Match, inf: Inference) -> list[EvidenceItem]:
@@ -179,12 +185,17 @@ def findings_from(inf: Inference, kb: KnowledgeBase, platform: str) -> list[Find
         # is not the job's; the median is the typical rank)
         r = statistics.median(g[0] for g in gains)
         t = statistics.median(g[1] for g in gains)
+        caps = [g[2] for g in gains if g[2] is not None]
+        cap = statistics.median(caps) if len(caps) == len(gains) else None
         lo, hi = case.gain.fraction
-        sp_lo = t / max(t - lo * r, 1e-9)
-        sp_hi = t / max(t - hi * r, 1e-9)
+        rm_lo, rm_hi = lo * r, hi * r
+        if cap is not None:
+            rm_lo, rm_hi = min(rm_lo, cap), min(rm_hi, cap)
+        sp_lo = t / max(t - rm_lo, 1e-9)
+        sp_hi = t / max(t - rm_hi, 1e-9)
         share = r / t
         # at stake: what the fix can remove at best, as a share of the step
-        at_stake = hi * r / t
+        at_stake = rm_hi / t
         severity = severity_of(at_stake)
         if case.max_severity is not None and SEVERITY_ORDER[severity] > SEVERITY_ORDER[case.max_severity]:
             severity = case.max_severity
@@ -197,6 +208,9 @@ def findings_from(inf: Inference, kb: KnowledgeBase, platform: str) -> list[Find
         assumption = (f"{case.gain.assumption.strip()} Measured: {r / 1e3:,.2f} ms removable out of {t / 1e3:,.2f} ms "
                       f"of step time ({share:.0%}; median over {len(gains)} match(es)); the fix removes {lo:.0%}-{hi:.0%} "
                       f"of it; speedup = step time / (step time - removed).")  # fmt: skip
+        if cap is not None and cap < hi * r:
+            assumption += (f" Bound: at most {cap / 1e3:,.2f} ms can go ({case.gain.at_most.field}, "
+                           f"{cap / t:.0%} of the step), which caps the range.")  # fmt: skip
         findings.append(
             Finding(
                 case_id=case.id,

@@ -34,6 +34,7 @@ def as_run_dir(paths) -> Path | None:
 
 def analyze_run_dir(run_dir: str | os.PathLike, *, max_workers: int | None = None) -> RunAnalysis:
     from .analysis import analyze_bundle
+    from .analyzers.loader_cores import with_core_bounds
     from .analyzers.monitor_log import monitor_facts
     from .trace import load
 
@@ -52,6 +53,7 @@ def analyze_run_dir(run_dir: str | os.PathLike, *, max_workers: int | None = Non
             warnings += [f"skipped {p.message}" for p in bundle.problems] + list(bundle.warnings)
         except HermesError as err:
             warnings.append(f"captured traces not analysed: {err}")
+    facts = with_core_bounds(facts)
     warnings += [f"analyzer {f.analyzer} failed on rank {f.rank}: {f.message}"
                  for f in facts if f.kind == "analyzer_error"]  # fmt: skip
     return RunAnalysis(run=run, facts=facts, bundle=bundle, warnings=warnings)

@@ -287,3 +287,58 @@ def test_real_two_rank_gloo_run(tmp_path):
                 if e["fact"] == "monitor_slow_rank")  # fmt: skip
     assert slow["values"]["synchronized"] is True
     assert any(s.endswith(".json.gz") for s in report["inputs"]["sources"])
+
+
+def test_core_bound_by_hand():
+    from hermes_kb.analyzers.loader_cores import bounded, job_cores
+    from hermes_kb.facts.io import DataLoaderWait
+    from hermes_kb.facts.monitor import MonitorCpu
+
+    base = dict(data_wait_us=0.0, starved_us=0.0, starved_ratio=0.0, mean_step_us=1.0, samples_count=3, rank=0)
+    wait = DataLoaderWait(rank=0, iterator="single_process", calls_count=5, wait_us=80.0, step_us=100.0,
+                          step_share_ratio=0.8, cpu_ops_us=0.0, python_us=80.0, untraced_us=0.0, cpu_ops_ratio=0.0,
+                          python_ratio=1.0, untraced_ratio=0.0, python_stacks=True, h2d_device_us=0.0,
+                          processing_us=80.0, reading_us=0.0, fetching_us=0.0, worker_wait_us=0.0,
+                          unattributed_us=0.0, data_time_us=80.0, data_share_ratio=0.8,
+                          classification="processing", classification_ratio=1.0)  # fmt: skip
+    # 1 busy core of 2: the step cannot go below 100 x 1/2 = 50 (> the 20 outside loading): 50 can go
+    two = MonitorCpu(machine_cores=2, usable_cores=2, host_usable_cores=2, process_cores=1.0, children_cores=0.0, **base)
+    b = bounded(wait, two)
+    assert (b.job_cores, b.busy_cores, b.core_bound_us) == (2.0, 1.0, pytest.approx(50.0))
+    # the cores are full (1.9 of 2): only 5 can go
+    full = two.model_copy(update={"process_cores": 0.4, "children_cores": 1.5})
+    assert bounded(wait, full).core_bound_us == pytest.approx(5.0)
+    # plenty of idle cores: the bound is the data time itself (the step keeps its 20 outside loading)
+    many = two.model_copy(update={"machine_cores": 32, "usable_cores": 32, "host_usable_cores": 32})
+    assert bounded(wait, many).core_bound_us == pytest.approx(80.0)
+    # pinned to 1 of 4 cores: unpinning is part of the advice, so the budget is the machine's, per rank on the host
+    pinned = two.model_copy(update={"machine_cores": 4, "usable_cores": 1, "host_usable_cores": 1, "pinned": True,
+                                    "host_ranks_count": 2})  # fmt: skip
+    assert job_cores(pinned) == 2.0
+    # no monitor CPU samples: no bound
+    assert bounded(wait, two.model_copy(update={"process_cores": None})).core_bound_us is None
+
+
+def test_core_bound_caps_the_loader_gain(tmp_path):
+    # the bundled example (single-process loader, 1 trainer thread) captured in a run whose monitor saw
+    # the process use 1 core of 2: moving the transform to workers cannot beat half the step
+    samples = {i: {"process_cpu_cores": 1.0, "system_cpu_ratio": 0.5, "affinity_count": 2, "runqueue_wait_ratio": 0.0,
+                   "children_cores": 0.0, "children_count": 0, "others_cores": 0.0, "siblings_cores": 0.0,
+                   "top_procs": [], "torch_threads": 1} for i in range(0, 60, 20)}  # fmt: skip
+    write_log(tmp_path, 0, [{"wall_s": 0.070, "cpu_s": 0.07}] * 60, {"cpu_count": 2, "affinity": [0, 1]}, samples)
+    import shutil
+
+    shutil.copy(ROOT / "examples/traces/cpu_dataloader_bound.json.gz", tmp_path / "rank0.captureauto1.json.gz")
+    (d,) = [f for f in facts_of(tmp_path, "dataloader_wait") if f.step is None]
+    t, r = d.step_us, d.processing_us
+    assert d.job_cores == 2.0 and d.busy_cores == 1.0
+    assert d.core_bound_us == pytest.approx(t - max(t - d.data_time_us, t / 2))
+    f = next(f for f in hermes_kb.advise(tmp_path).findings if f.case_id == "C-IO-001")
+    cap = d.core_bound_us
+    assert cap < 0.95 * r  # the bound binds
+    assert f.expected_speedup.high == pytest.approx(t / (t - cap), rel=1e-3)
+    assert f.expected_speedup.low == pytest.approx(t / (t - min(0.5 * r, cap)), rel=1e-3)
+    assert "Bound: at most" in f.assumption and "cores per rank on this machine" in f.explanation
+    # without the monitor the same trace keeps the unbounded range
+    plain = next(f for f in hermes_kb.advise(tmp_path / "rank0.captureauto1.json.gz").findings if f.case_id == "C-IO-001")
+    assert plain.expected_speedup.high == pytest.approx(t / (t - 0.95 * r), rel=1e-3)

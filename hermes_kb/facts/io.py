@@ -78,6 +78,20 @@ class DataLoaderWait(Fact):
         description="Python functions with the most self time inside the iterator (at most 5)",
     )
 
+    # the CPU budget (only when the run's monitor log is analysed with the trace: analyzers/loader_cores.py)
+    job_cores: float | None = measure(
+        "cores", "CPUs per rank the job can spread loader work over: the machine's CPUs (the mask's when not "
+        "pinned narrower) / the job's ranks on the host; null without a monitor log", default=None,
+    )
+    busy_cores: float | None = measure(
+        "cores", "cores the rank's process and its DataLoader workers used on average (monitor)", default=None
+    )
+    core_bound_us: float | None = us(
+        "most a loader fix that adds parallelism can remove: step_us - max(step_us - data_time_us, step_us x "
+        "min(1, busy_cores / job_cores)); the step cannot get shorter than its CPU work spread over the cores",
+        default=None,
+    )
+
 
 class HostGap(BaseModel):
     """One stretch of the host threads with no cpu op and no user annotation running."""

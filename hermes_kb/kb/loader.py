@@ -326,6 +326,7 @@ def _load_checked(rules_dir: Path, cases_dir: Path, overrides) -> KnowledgeBase:
             bound = _check_patterns(item.conditions, item.parameters, ("conditions",), p, nodes, problems)
             _check_ref(item.gain.removes, bound, ("gain", "removes"), p, nodes, problems)
             _check_ref(item.gain.step, bound, ("gain", "step"), p, nodes, problems)
+            _check_ref(item.gain.at_most, bound, ("gain", "at_most"), p, nodes, problems)
             try:
                 _JINJA.parse(item.explanation)
             except jinja2.TemplateSyntaxError as exc:

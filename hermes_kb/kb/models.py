@@ -103,6 +103,11 @@ class Gain(BaseModel):
     removes: FieldRef = Field(description="a per-step time (µs) the optimization can remove, e.g. exposed wait")
     step: FieldRef | None = Field(default=None, description="the step time (µs) it is part of; default: the rank's mean step")
     fraction: tuple[float, float] = Field(description="low and high fraction of that time the fix removes (0..1)")
+    at_most: FieldRef | None = Field(
+        default=None,
+        description="a per-window time (µs) the fix cannot remove more than, whatever the fraction (e.g. what the "
+        "free CPU cores allow); a null value in the fact means no bound is known",
+    )
     assumption: str = Field(description="the assumption behind the range, shown to the user")
 
     @model_validator(mode="after")
