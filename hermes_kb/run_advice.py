@@ -36,6 +36,7 @@ def analyze_run_dir(run_dir: str | os.PathLike, *, max_workers: int | None = Non
     from .analysis import analyze_bundle
     from .analyzers.loader_cores import with_core_bounds
     from .analyzers.monitor_log import monitor_facts
+    from .analyzers.profiler_overhead import with_profiler_overhead
     from .trace import load
 
     run = read_run(run_dir)
@@ -53,7 +54,13 @@ def analyze_run_dir(run_dir: str | os.PathLike, *, max_workers: int | None = Non
             warnings += [f"skipped {p.message}" for p in bundle.problems] + list(bundle.warnings)
         except HermesError as err:
             warnings.append(f"captured traces not analysed: {err}")
+    if bundle is not None:
+        origins = {r: t.meta.origin_us for r, t in bundle.ranks.items()}
+        facts = with_profiler_overhead(facts, run.ranks, origins, {r: t.meta.source for r, t in bundle.ranks.items()})
     facts = with_core_bounds(facts)
+    warnings += [f"rank {f.rank}: profiling slowed the captured steps {f.inflation_factor:.2f}x ({f.profiled_step_us / 1e3:,.2f} ms "
+                 f"against {f.unprofiled_step_us / 1e3:,.2f} ms unprofiled); operator and Python times in the capture "
+                 f"include that overhead" for f in facts if f.kind == "profiler_overhead" and f.inflation_factor >= 1.2]
     warnings += [f"analyzer {f.analyzer} failed on rank {f.rank}: {f.message}"
                  for f in facts if f.kind == "analyzer_error"]  # fmt: skip
     return RunAnalysis(run=run, facts=facts, bundle=bundle, warnings=warnings)

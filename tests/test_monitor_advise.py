@@ -342,3 +342,63 @@ def test_core_bound_caps_the_loader_gain(tmp_path):
     # without the monitor the same trace keeps the unbounded range
     plain = next(f for f in hermes_kb.advise(tmp_path / "rank0.captureauto1.json.gz").findings if f.case_id == "C-IO-001")
     assert plain.expected_speedup.high == pytest.approx(t / (t - 0.95 * r), rel=1e-3)
+
+
+def test_profiler_overhead_by_hand():
+    from array import array
+
+    from hermes_kb.analyzers.profiler_overhead import overhead_of
+    from hermes_kb.monitor.reader import RankLog
+
+    # 12 steps back to back from t = 1000 s: 10 ms each, except steps 6-8 (15 ms), the profiled ones
+    walls = [0.010] * 6 + [0.015] * 3 + [0.010] * 3
+    ends, t = [], 1000.0
+    for w in walls:
+        t += w
+        ends.append(t)
+    log = RankLog(rank=0, path="x", step=array("q", range(12)), wall_s=array("d", walls), end_s=array("d", ends))
+    start6 = (ends[5]) * 1e6
+    windows = [(start6 + 100.0, ends[8] * 1e6 - 100.0)]  # the capture's steps, a little inside the monitor's
+    oh = overhead_of(0, log, windows)
+    # warm-up steps 0-1 and step 9 (after the capture, which writes the trace) left out
+    assert oh.profiled_steps_count == 3 and oh.unprofiled_steps_count == 12 - 3 - 2 - 1
+    assert oh.profiled_step_us == pytest.approx(15_000) and oh.unprofiled_step_us == pytest.approx(10_000)
+    assert oh.added_per_step_us == pytest.approx(5_000) and oh.added_ratio == pytest.approx(1 / 3)
+    assert oh.inflation_factor == pytest.approx(1.5)
+    # clocks that do not meet: no fact, rather than a wrong one
+    assert overhead_of(0, log, [(1.0, 2.0)]) is None
+    # ... unless the monitor's own capture record names the steps (6-8; step 9 wrote the trace)
+    from hermes_kb.analyzers.profiler_overhead import _captured
+
+    log.captures.append({"type": "capture", "step": 8, "steps": 3, "trace": "/run/rank0.capture17.json.gz"})
+    assert _captured(log, "/elsewhere/rank0.capture17.json.gz") == (6, 8)
+    assert _captured(log, "/run/rank0.capture18.json.gz") is None
+    oh = overhead_of(0, log, [(1.0, 2.0)], captured=(6, 8))
+    assert oh.profiled_steps_count == 3 and oh.unprofiled_steps_count == 12 - 4 - 2
+    assert oh.added_per_step_us == pytest.approx(5_000)
+
+
+def test_profiler_overhead_on_a_recorded_run(tmp_path):
+    # the vectorised dispatch twin: its profiled steps are the monitor's last six (28-33)
+    import shutil
+    import statistics
+
+    run = ROOT / "benchmarks/scenarios/recorded/dispatch_tiny_ops/fixed"
+    recs = [json.loads(x) for x in (run / "rank0.jsonl").read_text().splitlines()]
+    walls = {r["step"]: r["wall_s"] * 1e6 for r in recs if r.get("type") == "step"}
+    prof = statistics.median(walls[s] for s in range(28, 34))
+    unprof = statistics.median(walls[s] for s in range(2, 28))
+    (oh,) = facts_of(run, "profiler_overhead")
+    assert oh.profiled_steps_count == 6 and oh.unprofiled_steps_count == 26  # 2-27: the capture is the run's end
+    assert oh.profiled_step_us == pytest.approx(prof) and oh.unprofiled_step_us == pytest.approx(unprof)
+    (u,) = [f for f in facts_of(run, "untraced_host_time") if f.step is None]
+    added = u.window_us * (prof - unprof) / prof
+    assert u.profiler_added_us == pytest.approx(added)
+    assert u.python_beyond_profiler_us == pytest.approx(max(u.python_us - added, 0.0))
+    # the trace alone calls its Python between operators a problem; with the monitor's timing it is
+    # no more than what the profiler added, and the finding goes
+    shutil.copy(run / "rank0.capture-profile.json.gz", tmp_path / "t.json.gz")
+    assert "C-CPU-003" in {f.case_id for f in hermes_kb.advise(tmp_path / "t.json.gz").findings}
+    report = hermes_kb.advise(run)
+    assert "C-CPU-003" not in {f.case_id for f in report.findings}
+    assert any("profiling slowed the captured steps" in w for w in report.warnings)

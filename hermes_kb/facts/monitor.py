@@ -179,3 +179,19 @@ class MonitorEnvSetting(Fact):
 
     def scope(self) -> str:
         return f"{super().scope()}, {self.variable}"
+
+
+class ProfilerOverhead(Fact):
+    """How much slower the profiled steps ran than the others, from the monitor's step records
+    matched by wall clock to the capture's step windows (analyzers/profiler_overhead.py). Times
+    the profiler itself added are in the trace's operators and Python frames, so a cost the
+    trace measures that is no larger than this is not evidence of a cost in the real run."""
+
+    kind: Literal["profiler_overhead"] = "profiler_overhead"
+    profiled_steps_count: int = measure("count", "monitor steps overlapping the capture's step windows by half their length")
+    unprofiled_steps_count: int = measure("count", "monitor steps after warm-up that do not overlap the capture")
+    profiled_step_us: float = us("median wall time of the profiled steps")
+    unprofiled_step_us: float = us("median wall time of the unprofiled steps")
+    added_per_step_us: float = us("max(profiled_step_us - unprofiled_step_us, 0): what profiling added to a step")
+    added_ratio: float = ratio("added_per_step_us / profiled_step_us: the share of a profiled step the profiler added")
+    inflation_factor: float = measure("factor", "profiled_step_us / unprofiled_step_us (above 1: profiling slowed the step)")

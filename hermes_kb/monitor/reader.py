@@ -32,6 +32,7 @@ class RankLog:
     environment: dict[str, Any] | None = None
     step: array = field(default_factory=lambda: array("q"))
     wall_s: array = field(default_factory=lambda: array("d"))
+    end_s: array = field(default_factory=lambda: array("d"))  # wall clock (epoch s) at the step's end; NaN if absent
     data_wait_s: array = field(default_factory=lambda: array("d"))
     gc_pause_s: array = field(default_factory=lambda: array("d"))
     gc_count: array = field(default_factory=lambda: array("q"))
@@ -83,7 +84,7 @@ def read_rank_log(path: Path, rank: int) -> RankLog:
     log = RankLog(rank=rank, path=str(path))
     nan = float("nan")
     decode, decode_error = _decoder()
-    cols = (log.step, log.wall_s, log.data_wait_s, log.gc_pause_s, log.gc_count, log.gc_gen2, log.cpu_s,
+    cols = (log.step, log.wall_s, log.end_s, log.data_wait_s, log.gc_pause_s, log.gc_count, log.gc_gen2, log.cpu_s,
             log.fluctuation, log.samples_per_s, log.mfu)  # fmt: skip
     with open(path, "rb") as fh:
         for n, line in enumerate(fh, 1):
@@ -97,7 +98,7 @@ def read_rank_log(path: Path, rank: int) -> RankLog:
                     if not isinstance(step, int):
                         raise TypeError("step")
                     # the monitor writes these types; anything else is damage, caught below
-                    row = (step, float(rec["wall_s"]), float(rec.get("data_wait_s") or 0.0),
+                    row = (step, float(rec["wall_s"]), float(rec.get("time", nan)), float(rec.get("data_wait_s") or 0.0),
                            float(rec.get("gc_pause_s") or 0.0), int(rec.get("gc_count") or 0),
                            int(rec.get("gc_gen2") or 0), float(rec.get("cpu_s", nan)), 1 if rec.get("fluctuation") else 0,
                            float(rec.get("samples_per_s", nan)), float(rec.get("mfu", nan)))  # fmt: skip

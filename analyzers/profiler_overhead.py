@@ -1,0 +1,110 @@
+"""What profiling cost the captured steps: the monitor's step records (wall clock at each step's
+end, and its length) matched to the capture's step windows on the same clock.
+
+A Kineto capture with Python stacks records every Python call and every operator, and the time
+that takes lands inside the trace's own operators and Python frames. The monitor times every
+step, profiled or not, so for a run directory hermes can say how much longer the profiled steps
+took (``profiler_overhead``) and keep that time from being read as a cost of the real run:
+``untraced_host_time`` gets ``python_beyond_profiler_us`` = its Python time minus what the
+profiler added to its window (all of the added time is assumed to sit in Python frames, the
+cautious choice). Formulas and doubts: docs/analysis/monitor.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from hermes_kb.facts.base import Evidence, Fact
+from hermes_kb.facts.io import UntracedHostTime
+from hermes_kb.facts.monitor import ProfilerOverhead
+from hermes_kb.facts.steps import StepTime
+from hermes_kb.monitor.reader import RankLog
+
+WARMUP = 2  # the monitor's first steps are left out of the unprofiled median, as in analyzers/monitor_log.py
+MIN_UNPROFILED = 3
+OVERLAP = 0.5  # a monitor step is profiled when half of it lies inside the capture's step windows
+
+
+def overhead_of(rank: int, log: RankLog, windows_abs_us: list[tuple[float, float]],
+                captured: tuple[int, int] | None = None) -> ProfilerOverhead | None:  # fmt: skip
+    """The fact for one rank, or None when no step is found profiled or too few unprofiled steps
+    remain. Profiled steps are found on the wall clock; when the clocks do not meet (a trace
+    without baseTimeNanoseconds), ``captured`` (first, last step of the monitor's own capture
+    record) names them instead."""
+    if not len(log.wall_s):
+        return None
+    steps = np.asarray(log.step)
+    wall = np.asarray(log.wall_s, dtype=np.float64) * 1e6
+    end = np.asarray(log.end_s, dtype=np.float64) * 1e6 if len(log.end_s) == len(wall) else np.full(len(wall), np.nan)
+    covered = np.zeros(len(wall))
+    for a, b in windows_abs_us:
+        covered += np.clip(np.minimum(end, b) - np.maximum(end - wall, a), 0.0, None)
+    known = np.isfinite(end)
+    profiled = known & (covered >= OVERLAP * np.maximum(wall, 1e-9))
+    unprofiled = known & (covered == 0)
+    if profiled.any():
+        after = int(np.flatnonzero(profiled)[-1]) + 1  # the step after the capture pays for writing the trace
+        unprofiled[after:after + 1] = False
+    elif captured is not None:
+        near = (steps >= captured[0]) & (steps <= captured[1] + 1)  # the step after also pays for the export
+        profiled, unprofiled = near & (steps <= captured[1]), ~near
+    unprofiled[:WARMUP] = False
+    if not profiled.any() or unprofiled.sum() < MIN_UNPROFILED:
+        return None
+    p, u = float(np.median(wall[profiled])), float(np.median(wall[unprofiled]))
+    if p <= 0 or u <= 0:
+        return None
+    added = max(p - u, 0.0)
+    return ProfilerOverhead(
+        rank=rank, profiled_steps_count=int(profiled.sum()), unprofiled_steps_count=int(unprofiled.sum()),
+        profiled_step_us=p, unprofiled_step_us=u, added_per_step_us=added, added_ratio=min(added / p, 1.0),
+        inflation_factor=p / u,
+        evidence=Evidence(
+            counts={"monitor_steps": len(end), "capture_windows": len(windows_abs_us)},
+            note=f"profiled monitor steps {int(steps[profiled].min())}-{int(steps[profiled].max())}",
+        ),
+    )  # fmt: skip
+
+
+def _captured(log: RankLog, source: str | None) -> tuple[int, int] | None:
+    """(first, last) profiled step from the monitor's record of the capture written to ``source``."""
+    for rec in reversed(log.captures):
+        last, n = rec.get("step"), rec.get("steps")
+        if source and str(rec.get("trace", "")).endswith(Path(source).name) and isinstance(last, int) and isinstance(n, int):
+            return last - n + 1, last
+    return None
+
+
+def with_profiler_overhead(facts: list[Fact], logs: dict[int, RankLog], origins_us: dict[int, float],
+                           sources: dict[int, str] | None = None) -> list[Fact]:  # fmt: skip
+    """The facts plus one ``profiler_overhead`` per rank whose capture the monitor timed, with each
+    of that rank's ``untraced_host_time`` facts told what the profiler added to its window."""
+    sources = sources or {}
+    windows: dict[int, list[tuple[float, float]]] = {}
+    for f in facts:
+        if isinstance(f, StepTime) and f.rank in origins_us:
+            o = origins_us[f.rank]
+            windows.setdefault(f.rank, []).append((o + f.start_us, o + f.end_us))
+    found = {}
+    for rank, ws in windows.items():
+        log = logs.get(rank)
+        if log is not None and (oh := overhead_of(rank, log, ws, _captured(log, sources.get(rank)))) is not None:
+            found[rank] = oh
+    if not found:
+        return facts
+    out: list[Fact] = []
+    for f in facts:
+        if isinstance(f, UntracedHostTime) and f.rank in found:
+            added = f.window_us * found[f.rank].added_ratio
+            beyond = max(f.python_us - added, 0.0)
+            f = f.model_copy(update={
+                "profiler_added_us": added, "python_beyond_profiler_us": beyond,
+                "python_beyond_profiler_ratio": min(beyond / f.window_us, 1.0) if f.window_us > 0 else 0.0,
+            })  # fmt: skip
+        out.append(f)
+    return out + list(found.values())
+
+
+__all__ = ["overhead_of", "with_profiler_overhead"]
