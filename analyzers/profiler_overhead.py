@@ -4,10 +4,12 @@ end, and its length) matched to the capture's step windows on the same clock.
 A Kineto capture with Python stacks records every Python call and every operator, and the time
 that takes lands inside the trace's own operators and Python frames. The monitor times every
 step, profiled or not, so for a run directory hermes can say how much longer the profiled steps
-took (``profiler_overhead``) and keep that time from being read as a cost of the real run:
-``untraced_host_time`` gets ``python_beyond_profiler_us`` = its Python time minus what the
-profiler added to its window (all of the added time is assumed to sit in Python frames, the
-cautious choice). Formulas and doubts: docs/analysis/monitor.md.
+took (``profiler_overhead``) and keep that time from being read as a cost of the real run. The
+same holds for time the training thread spent runnable but waiting for a CPU (the monitor's
+run-queue share): the trace shows it as whatever frame was active. ``untraced_host_time`` gets
+``python_own_us`` = its Python time minus both (all of them assumed to sit in Python frames, the
+cautious choice for a case whose only evidence is Python time). Formulas and doubts:
+docs/analysis/monitor.md.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 
 from hermes_kb.facts.base import Evidence, Fact
 from hermes_kb.facts.io import UntracedHostTime
-from hermes_kb.facts.monitor import ProfilerOverhead
+from hermes_kb.facts.monitor import MonitorCpu, ProfilerOverhead
 from hermes_kb.facts.steps import StepTime
 from hermes_kb.monitor.reader import RankLog
 
@@ -80,7 +82,8 @@ def _captured(log: RankLog, source: str | None) -> tuple[int, int] | None:
 def with_profiler_overhead(facts: list[Fact], logs: dict[int, RankLog], origins_us: dict[int, float],
                            sources: dict[int, str] | None = None) -> list[Fact]:  # fmt: skip
     """The facts plus one ``profiler_overhead`` per rank whose capture the monitor timed, with each
-    of that rank's ``untraced_host_time`` facts told what the profiler added to its window."""
+    of the rank's ``untraced_host_time`` facts told what the profiler added to its window and how
+    long the thread waited for a CPU in it (from the rank's ``monitor_cpu``)."""
     sources = sources or {}
     windows: dict[int, list[tuple[float, float]]] = {}
     for f in facts:
@@ -92,16 +95,17 @@ def with_profiler_overhead(facts: list[Fact], logs: dict[int, RankLog], origins_
         log = logs.get(rank)
         if log is not None and (oh := overhead_of(rank, log, ws, _captured(log, sources.get(rank)))) is not None:
             found[rank] = oh
-    if not found:
-        return facts
+    cpus = {f.rank: f for f in facts if isinstance(f, MonitorCpu)}
     out: list[Fact] = []
     for f in facts:
-        if isinstance(f, UntracedHostTime) and f.rank in found:
-            added = f.window_us * found[f.rank].added_ratio
-            beyond = max(f.python_us - added, 0.0)
+        if isinstance(f, UntracedHostTime) and (f.rank in found or f.rank in cpus):
+            added = f.window_us * (found[f.rank].added_ratio if f.rank in found else 0.0)
+            rq = cpus[f.rank].runqueue_wait_ratio if f.rank in cpus else None
+            waited = f.window_us * (rq or 0.0)
+            own = max(f.python_us - added - waited, 0.0)
             f = f.model_copy(update={
-                "profiler_added_us": added, "python_beyond_profiler_us": beyond,
-                "python_beyond_profiler_ratio": min(beyond / f.window_us, 1.0) if f.window_us > 0 else 0.0,
+                "profiler_added_us": added, "cpu_wait_us": waited, "python_own_us": own,
+                "python_own_ratio": min(own / f.window_us, 1.0) if f.window_us > 0 else 0.0,
             })  # fmt: skip
         out.append(f)
     return out + list(found.values())

@@ -394,7 +394,10 @@ def test_profiler_overhead_on_a_recorded_run(tmp_path):
     (u,) = [f for f in facts_of(run, "untraced_host_time") if f.step is None]
     added = u.window_us * (prof - unprof) / prof
     assert u.profiler_added_us == pytest.approx(added)
-    assert u.python_beyond_profiler_us == pytest.approx(max(u.python_us - added, 0.0))
+    (c,) = facts_of(run, "monitor_cpu")
+    waited = u.window_us * c.runqueue_wait_ratio
+    assert u.cpu_wait_us == pytest.approx(waited)
+    assert u.python_own_us == pytest.approx(max(u.python_us - added - waited, 0.0))
     # the trace alone calls its Python between operators a problem; with the monitor's timing it is
     # no more than what the profiler added, and the finding goes
     shutil.copy(run / "rank0.capture-profile.json.gz", tmp_path / "t.json.gz")
@@ -402,3 +405,19 @@ def test_profiler_overhead_on_a_recorded_run(tmp_path):
     report = hermes_kb.advise(run)
     assert "C-CPU-003" not in {f.case_id for f in report.findings}
     assert any("profiling slowed the captured steps" in w for w in report.warnings)
+
+
+def test_cpu_wait_is_not_python_work(tmp_path):
+    # the unpinned loader twin: 2 workers and the trainer on 2 cores; the trainer's "Python" gaps are
+    # waits for a core (the monitor's run-queue share, 34%), not interpreter work
+    import shutil
+
+    run = ROOT / "benchmarks/scenarios/recorded/loader_workers_pinned/fixed"
+    (c,) = facts_of(run, "monitor_cpu")
+    (u,) = [f for f in facts_of(run, "untraced_host_time") if f.step is None]
+    assert c.runqueue_wait_ratio > 0.3
+    assert u.cpu_wait_us == pytest.approx(u.window_us * c.runqueue_wait_ratio)
+    assert u.python_own_us == pytest.approx(max(u.python_us - u.profiler_added_us - u.cpu_wait_us, 0.0))
+    shutil.copy(run / "rank0.capture-profile.json.gz", tmp_path / "t.json.gz")
+    assert "C-CPU-003" in {f.case_id for f in hermes_kb.advise(tmp_path / "t.json.gz").findings}
+    assert "C-CPU-003" not in {f.case_id for f in hermes_kb.advise(run).findings}

@@ -137,16 +137,21 @@ class UntracedHostTime(Fact):
     large_gaps_us: float = us("total length of the large gaps")
     python_stacks: bool = Field(description="the trace records Python stacks (with_stack)")
     top_gaps: list[HostGap] = Field(default_factory=list, description="the 3 longest gaps")
-    # what is left of python_us once the profiler's own cost is taken out (only when the run's monitor log is
-    # analysed with the trace: analyzers/profiler_overhead.py)
+    # what is left of python_us once the measuring and the waiting are taken out (only when the run's monitor
+    # log is analysed with the trace: analyzers/profiler_overhead.py)
     profiler_added_us: float | None = us(
-        "window_us x profiler_overhead.added_ratio: what profiling added to these steps; null without a monitor log",
-        default=None,
+        "window_us x profiler_overhead.added_ratio: what profiling added to these steps (0 when not measured); "
+        "null without a monitor log", default=None,
     )
-    python_beyond_profiler_us: float | None = us(
-        "max(python_us - profiler_added_us, 0): Python time the profiler's own cost cannot explain", default=None
+    cpu_wait_us: float | None = us(
+        "window_us x monitor_cpu.runqueue_wait_ratio: time the training thread was runnable but waiting for a "
+        "CPU (0 when not measured); null without a monitor log", default=None,
     )
-    python_beyond_profiler_ratio: float | None = ratio("python_beyond_profiler_us / window_us", default=None)
+    python_own_us: float | None = us(
+        "max(python_us - profiler_added_us - cpu_wait_us, 0): Python time neither the profiler's cost nor a wait "
+        "for a CPU can explain: the interpreter's own work", default=None,
+    )
+    python_own_ratio: float | None = ratio("python_own_us / window_us", default=None)
 
 
 class HostToDeviceCopies(Fact):
