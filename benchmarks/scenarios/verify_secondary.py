@@ -10,8 +10,15 @@ the false-alarm count, and the report shows what fixing it measured.
 Checks (``--check``):
   fused_optimizer  C-CPU-027: the twin's torch.optim.Adam/AdamW/SGD built with fused=True
                    (foreach=True where fused is refused), instead of the default per-tensor loop.
+  log_off_step     C-CPU-019 (sync_logging): the buffered log lines are not written during the
+                   timed steps (only at teardown), what a background writer thread achieves.
+  acyclic_parse    C-CPU-011 (gc_pressure): parse_batch builds the same trees without the
+                   children's back-reference to their parent, so reference counting frees them
+                   and the collector has no cycles to find (the case's "reduce the Python
+                   allocation churn" fix; the twin already has the first one, freeze + thresholds).
 
   python benchmarks/scenarios/verify_secondary.py small_batch sync_logging ...
+  python benchmarks/scenarios/verify_secondary.py sync_logging --check log_off_step
 """
 
 from __future__ import annotations
@@ -21,17 +28,15 @@ import importlib
 import json
 import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 import common  # noqa: E402
 
-CHECKS = {"fused_optimizer": ("C-CPU-027", "optimizer built with fused=True (foreach=True where fused is refused)")}
-
-
-def _patch_optimizers(torch) -> dict:
-    """Make torch.optim.Adam/AdamW/SGD default to fused=True; returns the originals."""
+def _patch_optimizers(mod, torch) -> Callable[[], None]:
+    """Make torch.optim.Adam/AdamW/SGD default to fused=True; returns the undo."""
     originals = {}
     for name in ("Adam", "AdamW", "SGD"):
         base = getattr(torch.optim, name)
@@ -46,30 +51,70 @@ def _patch_optimizers(torch) -> dict:
                 _base.__init__(self, params, *a, foreach=True, **kw)
 
         setattr(torch.optim, name, type(name, (base,), {"__init__": init}))
-    return originals
 
-
-def _timed(make_run, variant: str, patch: bool, torch) -> float:
-    originals = _patch_optimizers(torch) if patch else {}
-    try:
-        return statistics.fmean(common._time(make_run(variant)))
-    finally:
+    def undo() -> None:
         for name, cls in originals.items():
             setattr(torch.optim, name, cls)
+
+    return undo
+
+
+def _patch_attr(mod, name: str, value) -> Callable[[], None]:
+    old = getattr(mod, name)
+    setattr(mod, name, value)
+    return lambda: setattr(mod, name, old)
+
+
+_KIDS = tuple(range(300))  # gc_pressure.KIDS
+
+
+def _acyclic_parse_batch(manifest: list[dict], idx: list[int]) -> list[int]:
+    """gc_pressure.parse_batch without the back-reference: each child names its parent's record
+    index instead of holding the parent itself."""
+    roots: list = []
+    labels: list = []
+    for i in idx:
+        rec = manifest[i]
+        root = {"rec": rec, "kids": [], "label": rec["label"]}
+        kids = root["kids"]
+        for k in _KIDS:
+            kids += [{"parent": i, "attrs": {"k": k, "w": 1.0}, "tags": [k, rec["label"]]}]
+        roots += [root]
+        labels += [root["label"]]
+    return labels
+
+
+CHECKS: dict[str, tuple[str, str, Callable]] = {
+    "fused_optimizer": ("C-CPU-027", "optimizer built with fused=True (foreach=True where fused is refused)",
+                        _patch_optimizers),
+    "log_off_step": ("C-CPU-019", "log lines not written during the timed steps (written at teardown), as a "
+                     "background writer would", lambda mod, torch: _patch_attr(mod, "FLUSH_EVERY", 10**9)),
+    "acyclic_parse": ("C-CPU-011", "parse_batch without parent back-references (no reference cycles for the "
+                      "collector to find)", lambda mod, torch: _patch_attr(mod, "parse_batch", _acyclic_parse_batch)),
+}  # fmt: skip
+
+
+def _timed(mod, variant: str, patch: Callable | None, torch) -> float:
+    undo = patch(mod, torch) if patch is not None else None
+    try:
+        return statistics.fmean(common._time(mod.make_run(variant)))
+    finally:
+        if undo is not None:
+            undo()
 
 
 def verify(scenario: str, check: str, variant: str = "fixed") -> dict:
     import torch
 
     mod = importlib.import_module(scenario)
+    case, change, patch = CHECKS[check]
     rounds: dict[str, list[float]] = {"as_recorded": [], "second_fix": []}
     loads = []
     for _ in range(common.ROUNDS):
         loads.append(common.wait_for_quiet())
-        rounds["as_recorded"].append(_timed(mod.make_run, variant, False, torch))
-        rounds["second_fix"].append(_timed(mod.make_run, variant, True, torch))
+        rounds["as_recorded"].append(_timed(mod, variant, None, torch))
+        rounds["second_fix"].append(_timed(mod, variant, patch, torch))
     best = {k: min(v) for k, v in rounds.items()}
-    case, change = CHECKS[check]
     return {
         "variant": variant, "check": check, "case": case, "change": change,
         "step_s_best_round": best, "step_s_round_means": rounds,
