@@ -435,6 +435,10 @@ PYTHON_IO_RE = re.compile(
 )
 
 
+# hermes' own monitor as with_stack names its frames (.../hermes_kb/monitor/recorder.py(202): step)
+MONITOR_FRAME_RE = re.compile(r"hermes_kb/monitor/\w+\.py\(\d+\)")
+
+
 def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
     tr = ctx.trace
     ops, ann, py = tr.cpu_ops, tr.annotations, tr.python
@@ -444,8 +448,12 @@ def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
     om = (ops["depth"].to_numpy() == 0) & on_tids(ops, tids) if len(ops) else np.zeros(0, bool)
     am = on_tids(ann, tids) & (ann["kind"] != "step").to_numpy() if len(ann) else np.zeros(0, bool)
     # Python GC pauses are accounted for by the gc_pauses fact: they cover host time like an
-    # operator does, so they are neither "Python between operators" nor untraced here
+    # operator does, so they are neither "Python between operators" nor untraced here; hermes'
+    # own monitor (its step() and resource sampling, seen in its captures) is measured apart
     gm = on_tids(py, tids) & name_is(py["name"], "Python GC") if len(py) else np.zeros(0, bool)
+    mm = on_tids(py, tids) & name_mask(py["name"], MONITOR_FRAME_RE) if len(py) else np.zeros(0, bool)
+    M = iv.union(py["ts"].to_numpy()[mm], py["end"].to_numpy()[mm]) if len(py) else iv.EMPTY
+    gm = gm | mm
     c_ts = np.concatenate([ops["ts"].to_numpy()[om], ann["ts"].to_numpy()[am], py["ts"].to_numpy()[gm]])
     c_end = np.concatenate([ops["end"].to_numpy()[om], ann["end"].to_numpy()[am], py["end"].to_numpy()[gm]])
     c_src = np.concatenate([np.zeros(int(om.sum()), np.int8), np.ones(int(am.sum()), np.int8),
@@ -496,8 +504,9 @@ def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
                                 after=after, python_function=_gap_python(py_ts, py_end, py_names, gs[j], ge[j], py_part[j]),
                                 untraced_us=float(glen[j] - py_part[j])))  # fmt: skip
         large = glen >= LARGE_GAP_US
+        mon_s, mon_e = iv.clip(M, a, b)
         rows.append({"step": w.step, "window": b - a, "outside": float(glen.sum()), "py": float(py_part.sum()),
-                     "io": float(io_part.sum()),
+                     "io": float(io_part.sum()), "mon": float((mon_e - mon_s).sum()),
                      "n": len(glen), "nl": int(large.sum()), "ll": float(glen[large].sum()), "gaps": gaps})  # fmt: skip
     if not rows:
         return []
@@ -510,6 +519,7 @@ def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
         return UntracedHostTime(
             rank=tr.rank, step=step, window_us=win, outside_ops_us=out, python_us=pyt, untraced_us=out - pyt,
             python_io_us=pio, python_io_ratio=div(pio, win), python_io_share_ratio=div(pio, pyt),
+            monitor_us=sum(r["mon"] for r in rs),
             outside_ops_ratio=div(out, win), python_ratio=div(pyt, win), untraced_ratio=div(out - pyt, win),
             gaps_count=sum(r["n"] for r in rs), large_gap_threshold_us=LARGE_GAP_US,
             large_gaps_count=sum(r["nl"] for r in rs), large_gaps_us=sum(r["ll"] for r in rs),

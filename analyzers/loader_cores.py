@@ -9,8 +9,9 @@ outside data loading:
 
     core_bound_us = T - max(T - D, T x min(1, busy_cores / job_cores))
 
-with T the analysed step time and D the data time of the trace. On a machine with idle cores the
-bound is D (no effect); on one whose cores the job already fills it is near 0. Formulas and
+with T the analysed step time and D the data time of the trace, and busy_cores the larger of
+what the job used and what was busy on the machine. On a machine with idle cores the bound is D
+(no effect); on one whose cores are already full it is near 0. Formulas and
 doubts: docs/analysis/io.md.
 """
 
@@ -30,11 +31,25 @@ def job_cores(cpu: MonitorCpu) -> float | None:
     return cores / max(cpu.host_ranks_count, 1)
 
 
+def busy_cores(cpu: MonitorCpu) -> float | None:
+    """Cores per rank that more loader work could not use: what the training process and its
+    workers used, or, when more is busy, the machine's busy cores per rank on the host. New
+    workers only run on idle cores; cores that other processes keep busy are no budget either,
+    and when the monitor's process scans missed the workers (children_cores unknown) the
+    machine-wide share is the only measure of them."""
+    own = None if cpu.process_cores is None else cpu.process_cores + (cpu.children_cores or 0.0)
+    machine = None
+    if cpu.system_busy_ratio is not None and cpu.machine_cores:
+        machine = cpu.system_busy_ratio * cpu.machine_cores / max(cpu.host_ranks_count, 1)
+    known = [x for x in (own, machine) if x is not None]
+    return max(known) if known else None
+
+
 def bounded(wait: DataLoaderWait, cpu: MonitorCpu) -> DataLoaderWait:
     budget = job_cores(cpu)
-    if budget is None or cpu.process_cores is None:
+    busy = busy_cores(cpu)
+    if budget is None or busy is None or cpu.process_cores is None:
         return wait
-    busy = cpu.process_cores + (cpu.children_cores or 0.0)
     t, d = wait.step_us, wait.data_time_us
     floor = max(t - d, t * min(1.0, busy / budget))
     return wait.model_copy(update={"job_cores": budget, "busy_cores": busy, "core_bound_us": max(t - floor, 0.0)})
@@ -48,4 +63,4 @@ def with_core_bounds(facts: list[Fact]) -> list[Fact]:
     return [bounded(f, cpus[f.rank]) if isinstance(f, DataLoaderWait) and f.rank in cpus else f for f in facts]
 
 
-__all__ = ["bounded", "job_cores", "with_core_bounds"]
+__all__ = ["bounded", "busy_cores", "job_cores", "with_core_bounds"]

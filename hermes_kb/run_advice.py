@@ -16,6 +16,9 @@ from .monitor.reader import RunLog, is_run_dir, read_run
 from .trace import TraceBundle
 
 
+MONITOR_WARN_SHARE = 0.05  # the monitor's own sampling above this share of the captured steps is worth a warning
+
+
 @dataclass
 class RunAnalysis:
     run: RunLog
@@ -61,6 +64,11 @@ def analyze_run_dir(run_dir: str | os.PathLike, *, max_workers: int | None = Non
     warnings += [f"rank {f.rank}: profiling slowed the captured steps {f.inflation_factor:.2f}x ({f.profiled_step_us / 1e3:,.2f} ms "
                  f"against {f.unprofiled_step_us / 1e3:,.2f} ms unprofiled); operator and Python times in the capture "
                  f"include that overhead" for f in facts if f.kind == "profiler_overhead" and f.inflation_factor >= 1.2]
+    warnings += [f"rank {f.rank}: hermes' own monitor took {f.monitor_us / f.window_us:.0%} of the captured steps "
+                 f"({f.monitor_us / 1e3:,.2f} ms of {f.window_us / 1e3:,.2f} ms, not counted as the loop's Python); "
+                 f"sample less often (Monitor(sample_every=..., procs_every_s=...))"
+                 for f in facts if f.kind == "untraced_host_time" and f.step is None and f.window_us > 0
+                 and f.monitor_us >= MONITOR_WARN_SHARE * f.window_us]  # fmt: skip
     warnings += [f"analyzer {f.analyzer} failed on rank {f.rank}: {f.message}"
                  for f in facts if f.kind == "analyzer_error"]  # fmt: skip
     return RunAnalysis(run=run, facts=facts, bundle=bundle, warnings=warnings)

@@ -277,6 +277,24 @@ def test_python_io_time_is_separated_from_other_python(tmp_path):
     assert u.python_io_share_ratio == pytest.approx(250 / 800) and u.python_io_ratio == pytest.approx(250 / 1000)
 
 
+def test_the_monitors_own_frames_are_not_python_between_operators(tmp_path):
+    # step [0, 2000): ops cover [0, 100) and [1900, 2000); the loop's Python covers [100, 1900), and
+    # inside it hermes' monitor samples its resources for [1000, 1600) (600 µs, nested frames):
+    # Python between operators is 1800 - 600 = 1200 µs, the monitor's 600 µs are reported apart
+    ev = [
+        X("user_annotation", "ProfilerStep#1", 0, 2000),
+        X("cpu_op", "aten::mm", 0, 100),
+        X("cpu_op", "aten::add", 1900, 100),
+        PY("train.py(10): step", 100, 1800, 1),
+        PY("/site-packages/hermes_kb/monitor/recorder.py(202): step", 1000, 600, 2, parent=1),
+        PY("/site-packages/hermes_kb/monitor/procs.py(80): scan", 1100, 400, 3, parent=2),
+    ]
+    (ctx,) = contexts(write_trace(tmp_path / "t.json", ev))
+    (f,) = facts_of(ctx, "untraced_host_time", step=1)
+    assert (f.monitor_us, f.python_us, f.outside_ops_us) == (600, 1200, 1200)
+    assert f.gaps_count == 2  # [100, 1000) and [1600, 1900)
+
+
 def test_pipe_reads_from_worker_handoff_are_worker_wait_not_reading(tmp_path):
     # a multi-process iterator whose only Python work is a read() called by multiprocessing's
     # connection._recv: a batch arriving from a worker (worker wait), not storage reading

@@ -127,6 +127,10 @@ class UntracedHostTime(Fact):
         default=0.0,
     )
     python_io_ratio: float = ratio("python_io_us / window_us", default=0.0)
+    monitor_us: float = us(
+        "time inside hermes' own monitor (hermes_kb/monitor frames: its step() and resource sampling) in the "
+        "window; covered like an operator, so not part of outside_ops_us or python_us", default=0.0,
+    )
     python_io_share_ratio: float = ratio("python_io_us / python_us: how much of the Python time is blocking I/O", default=0.0)
     outside_ops_ratio: float = ratio("outside_ops_us / window_us")
     python_ratio: float = ratio("python_us / window_us")

@@ -190,8 +190,8 @@ class ProfilerOverhead(Fact):
     kind: Literal["profiler_overhead"] = "profiler_overhead"
     profiled_steps_count: int = measure("count", "monitor steps overlapping the capture's step windows by half their length")
     unprofiled_steps_count: int = measure("count", "monitor steps after warm-up that do not overlap the capture")
-    profiled_step_us: float = us("median wall time of the profiled steps")
-    unprofiled_step_us: float = us("median wall time of the unprofiled steps")
+    profiled_step_us: float = us("lower quartile of the wall times of the profiled steps")
+    unprofiled_step_us: float = us("lower quartile of the wall times of the unprofiled steps")
     added_per_step_us: float = us("max(profiled_step_us - unprofiled_step_us, 0): what profiling added to a step")
     added_ratio: float = ratio("added_per_step_us / profiled_step_us: the share of a profiled step the profiler added")
     inflation_factor: float = measure("factor", "profiled_step_us / unprofiled_step_us (above 1: profiling slowed the step)")
