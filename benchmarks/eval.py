@@ -15,10 +15,10 @@ advise on the bad variant and on its fixed twin and scores:
   midpoint).
 
 Targets (issue 5): top-1 >= 90%, no high-severity false alarm, median gain error <= 25%.
-``--check`` exits 1 when the scores fall below the committed baseline
-(benchmarks/accuracy_baseline.json: top-1, top-3, false alarms, median gain error, all
-deterministic on the committed recordings), so CI catches regressions; the report says plainly
-where the targets themselves are not met yet.
+``--check`` (run by CI on the committed recordings, which makes every score deterministic) exits
+1 when top-1 or the false alarms miss their targets, when top-3 falls below the committed
+baseline (benchmarks/accuracy_baseline.json), or when the median gain error exceeds both its
+target and the baseline (it is above target on the committed set: the report says why).
 """
 
 from __future__ import annotations
@@ -59,6 +59,9 @@ class Outcome:
     top3: bool = False
     predicted: tuple[float, float] | None = None
     measured: float | None = None
+    # the same ratio in the recorded runs themselves (the monitor's unprofiled steps): not scored,
+    # it says how far two runs of the same code on this machine differ
+    recorded: float | None = None
     # fixed-twin findings whose own fix was applied to the twin and timed (secondary.json)
     checked: list[dict] = field(default_factory=list)
 
@@ -124,6 +127,7 @@ def score_scenario(d: Path) -> Outcome:
             out.predicted = (hit["expected_speedup"]["low"], hit["expected_speedup"]["high"])
         # per-sample throughput where the fix changes the work per step (small batch)
         out.measured = label.get("throughput_speedup") or label.get("speedup_of_fix")
+        out.recorded = recorded_speedup(d, label)
     for variant in ("fixed", "bad") if healthy else ("fixed",):
         p = variant_input(d, variant)
         if p is not None:
@@ -135,6 +139,38 @@ def score_scenario(d: Path) -> Outcome:
     return out
 
 
+PROFILED_TAIL = 7  # the harness's profiler schedule: 1 warm-up step + 6 recorded, at the end of the run
+WARMUP = 3
+
+
+def unprofiled_mean_s(run_dir: Path) -> float | None:
+    """Mean wall time of the monitored steps before the profiler's window (benchmarks/scenarios/common.py:
+    WARMUP steps, the monitored steps, then PROFILED_TAIL steps under the profiler)."""
+    log = run_dir / "rank0.jsonl"
+    if not log.is_file():
+        return None
+    walls = []
+    for line in log.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("type") == "step" and isinstance(rec.get("wall_s"), (int, float)):
+            walls.append(float(rec["wall_s"]))
+    walls = walls[WARMUP:len(walls) - PROFILED_TAIL]
+    return statistics.fmean(walls) if len(walls) >= 2 else None
+
+
+def recorded_speedup(d: Path, label: dict) -> float | None:
+    """Speedup of the fix between the two recorded runs (unprofiled monitored steps; per sample
+    where the label compares throughput)."""
+    bad, fixed = unprofiled_mean_s(d / "bad"), unprofiled_mean_s(d / "fixed")
+    if not bad or not fixed:
+        return None
+    per = label.get("samples_per_step")
+    if label.get("throughput_speedup") and isinstance(per, dict):
+        return (per["fixed"] / fixed) / (per["bad"] / bad)
+    return bad / fixed
+
+
+TARGETS = {"top1": 0.90, "false_alarms": 0, "median_gain_error": 0.25}  # issue 5
 CONFIRMED = 1.1  # a second fix that gains at least this much was a real finding, not a false alarm
 
 
@@ -167,6 +203,7 @@ def summarize(outcomes: list[Outcome]) -> dict:
     scored = [o for o in outcomes if not (o.label.get("healthy") or o.label.get("category") == "none")]
     errors = [o.gain_error for o in scored if o.gain_error is not None]
     hits = [o.gain_hit for o in scored if o.gain_hit is not None]
+    spread = [abs(o.recorded - o.measured) / o.measured for o in scored if o.recorded and o.measured]
     n = len(scored)
     return {
         "scenarios": n,
@@ -178,6 +215,7 @@ def summarize(outcomes: list[Outcome]) -> dict:
         "false_alarms_checked_real": sum(c["measured"] >= CONFIRMED for o in outcomes for c in o.checked),
         "median_gain_error": statistics.median(errors) if errors else None,
         "gain_hits": f"{sum(hits)}/{len(hits)}",
+        "median_run_to_run": statistics.median(spread) if spread else None,
     }
 
 
@@ -202,21 +240,29 @@ def render(outcomes: list[Outcome], summary: dict, obs) -> str:
         f"of which gained >= {CONFIRMED:.1f}x (real findings) {summary.get('false_alarms_checked_real', 0)} | |",
         f"| median gain error (midpoint vs measured speedup) | {pct(summary['median_gain_error'])} | <= 25% |",
         f"| measured speedup inside the predicted range | {summary['gain_hits']} | |",
+        f"| run to run: the fix's speedup in the recorded runs against the timed one (median difference) "
+        f"| {pct(summary.get('median_run_to_run'))} | |",
         "",
         "## Per scenario",
         "",
-        "| scenario | label (category / cause) | expected | hermes first | top-1 | top-3 | predicted speedup | measured | error | false alarms |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "*measured*: the fix's speedup timed without the profiler (3 alternating rounds x 12 steps, best round "
+        "mean; per sample for small_batch). *recorded runs*: the same ratio over the unprofiled monitored steps of "
+        "the two recorded runs hermes analysed; not scored, it shows how much two runs of the same code differ here.",
+        "",
+        "| scenario | label (category / cause) | expected | hermes first | top-1 | top-3 | predicted speedup | measured | error "
+        "| recorded runs | false alarms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for o in outcomes:
         first = o.first[0] if o.first else None
         said = f"{first['case_id']} ({first['cause']}, {first['severity']})" if first else "-"
         pred = f"{o.predicted[0]:.2f}-{o.predicted[1]:.2f}x" if o.predicted else "-"
         meas = f"{o.measured:.2f}x" if o.measured else "-"
+        rec = f"{o.recorded:.2f}x" if o.recorded and not o.label.get("healthy") else "-"
         lines.append(
             f"| {o.name} | {o.label.get('category')} / {o.label.get('cause')} | {', '.join(o.label.get('expected_cases', [])) or '-'} "
             f"| {said} | {'yes' if o.top1 else 'no'} | {'yes' if o.top3 else 'no'} | {pred} | {meas} | {pct(o.gain_error)} "
-            f"| {', '.join(o.fixed_high) or 'none'} |"
+            f"| {rec} | {', '.join(o.fixed_high) or 'none'} |"
         )
     checked = [(o.name, c) for o in outcomes for c in o.checked]
     if checked:
@@ -264,21 +310,29 @@ def main() -> int:
     if args.update_baseline:
         BASELINE.write_text(json.dumps(summary, indent=1) + "\n")
     if args.check:
-        base = json.loads(BASELINE.read_text())
-        worse = []
-        if summary["top1"] < base["top1"] - 1e-9:
-            worse.append(f"top-1 {summary['top1']:.0%} < baseline {base['top1']:.0%}")
-        if summary["top3"] < base["top3"] - 1e-9:
-            worse.append(f"top-3 {summary['top3']:.0%} < baseline {base['top3']:.0%}")
-        if summary["false_alarms"] > base["false_alarms"]:
-            worse.append(f"false alarms {summary['false_alarms']} > baseline {base['false_alarms']}")
-        err, base_err = summary.get("median_gain_error"), base.get("median_gain_error")
-        if err is not None and base_err is not None and err > base_err + 1e-6:
-            worse.append(f"median gain error {err:.1%} > baseline {base_err:.1%}")
-        if worse:
-            print("accuracy regressed: " + "; ".join(worse))
+        failed = check(summary, json.loads(BASELINE.read_text()))
+        if failed:
+            print("accuracy check failed: " + "; ".join(failed))
             return 1
     return 0
+
+
+def check(summary: dict, base: dict) -> list[str]:
+    """What falls short: a target the committed recordings meet must stay met; where one is not
+    met yet (the gain error), the committed baseline must not get worse; top-3 never below it."""
+    out = []
+    if summary["top1"] < TARGETS["top1"] - 1e-9:
+        out.append(f"top-1 {summary['top1']:.0%} < target {TARGETS['top1']:.0%}")
+    if summary["top3"] < base["top3"] - 1e-9:
+        out.append(f"top-3 {summary['top3']:.0%} < baseline {base['top3']:.0%}")
+    if summary["false_alarms"] > TARGETS["false_alarms"]:
+        out.append(f"{summary['false_alarms']} high-severity false alarms > target {TARGETS['false_alarms']}")
+    err, base_err = summary.get("median_gain_error"), base.get("median_gain_error")
+    allowed = max(TARGETS["median_gain_error"], base_err or 0.0)
+    if err is not None and err > allowed + 1e-6:
+        out.append(f"median gain error {err:.1%} > {allowed:.1%} (target {TARGETS['median_gain_error']:.0%}, "
+                   f"baseline {base_err:.1%})")  # fmt: skip
+    return out
 
 
 if __name__ == "__main__":

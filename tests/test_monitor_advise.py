@@ -291,7 +291,7 @@ def test_real_two_rank_gloo_run(tmp_path):
 
 
 def test_core_bound_by_hand():
-    from hermes_kb.analyzers.loader_cores import bounded, job_cores
+    from hermes_kb.analyzers.loader_cores import bounded, busy_cores, job_cores
     from hermes_kb.facts.io import DataLoaderWait
     from hermes_kb.facts.monitor import MonitorCpu
 
@@ -318,6 +318,18 @@ def test_core_bound_by_hand():
     assert job_cores(pinned) == 2.0
     # no monitor CPU samples: no bound
     assert bounded(wait, two.model_copy(update={"process_cores": None})).core_bound_us is None
+    # the scans missed the workers (children unknown) but the machine was 100% busy: its 2 busy
+    # cores are the measure; nothing idle is left for more workers
+    unscanned = two.model_copy(update={"process_cores": 0.45, "children_cores": None, "system_busy_ratio": 1.0})
+    b = bounded(wait, unscanned)
+    assert (b.busy_cores, b.core_bound_us) == (pytest.approx(2.0), pytest.approx(0.0))
+    # the machine 75% busy (1.5 cores) while the job itself used 1: others hold half a core, the
+    # step cannot go below 100 x 1.5/2 = 75, so 25 can go
+    others = two.model_copy(update={"system_busy_ratio": 0.75})
+    assert bounded(wait, others).core_bound_us == pytest.approx(25.0)
+    # two ranks on the host: the machine's busy cores are shared between them (1.5 / 2 per rank)
+    shared = two.model_copy(update={"machine_cores": 4, "system_busy_ratio": 0.75, "host_ranks_count": 2})
+    assert busy_cores(shared) == pytest.approx(1.5)
 
 
 def test_core_bound_caps_the_loader_gain(tmp_path):
@@ -380,17 +392,23 @@ def test_profiler_overhead_by_hand():
 
 
 def test_profiler_overhead_on_a_recorded_run(tmp_path):
-    # the vectorised dispatch twin: its profiled steps are the monitor's last six (28-33)
+    # the vectorised dispatch twin: its profiled steps are the monitor's last six; the first two are
+    # left out, the one before the six (the profiler's warm-up step, no events kept) counts as unprofiled
     import shutil
     import statistics
 
     run = ROOT / "benchmarks/scenarios/recorded/dispatch_tiny_ops/fixed"
     recs = [json.loads(x) for x in (run / "rank0.jsonl").read_text().splitlines()]
     walls = {r["step"]: r["wall_s"] * 1e6 for r in recs if r.get("type") == "step"}
-    prof = statistics.median(walls[s] for s in range(28, 34))
-    unprof = statistics.median(walls[s] for s in range(2, 28))
+    n = len(walls)
+
+    def q1(xs: list[float]) -> float:  # the lower quartile, as numpy's default percentile
+        return statistics.quantiles(xs, n=4, method="inclusive")[0]
+
+    prof = q1([walls[s] for s in range(n - 6, n)])
+    unprof = q1([walls[s] for s in range(2, n - 6)])
     (oh,) = facts_of(run, "profiler_overhead")
-    assert oh.profiled_steps_count == 6 and oh.unprofiled_steps_count == 26  # 2-27: the capture is the run's end
+    assert oh.profiled_steps_count == 6 and oh.unprofiled_steps_count == n - 8  # the capture is the run's end
     assert oh.profiled_step_us == pytest.approx(prof) and oh.unprofiled_step_us == pytest.approx(unprof)
     (u,) = [f for f in facts_of(run, "untraced_host_time") if f.step is None]
     added = u.window_us * (prof - unprof) / prof
@@ -408,17 +426,34 @@ def test_profiler_overhead_on_a_recorded_run(tmp_path):
     assert any("profiling slowed the captured steps" in w for w in report.warnings)
 
 
-def test_cpu_wait_is_not_python_work(tmp_path):
-    # the unpinned loader twin: 2 workers and the trainer on 2 cores; the trainer's "Python" gaps are
-    # waits for a core (the monitor's run-queue share, 34%), not interpreter work
+def test_waits_for_a_cpu_are_taken_out_of_the_python_time(tmp_path):
+    # the vectorised dispatch twin's capture alone: 31% of its step is Python between operators and
+    # C-CPU-003 fires; beside a (hand-made) monitor log whose samples say the thread waited for a CPU
+    # half of the time, that Python is within the waits (python_own = max(python - wait, 0) = 0)
     import shutil
 
+    samples = {i: {"process_cpu_cores": 1.0, "system_cpu_ratio": 1.0, "affinity_count": 2, "runqueue_wait_ratio": 0.5,
+                   "children_cores": 0.0, "children_count": 0, "others_cores": 1.0, "siblings_cores": 0.0,
+                   "top_procs": [], "torch_threads": 1} for i in range(0, 60, 20)}  # fmt: skip
+    write_log(tmp_path, 0, [{"wall_s": 0.002, "cpu_s": 0.001}] * 60, {"cpu_count": 2, "affinity": [0, 1]}, samples)
+    trace = ROOT / "benchmarks/scenarios/recorded/dispatch_tiny_ops/fixed/rank0.capture-profile.json.gz"
+    shutil.copy(trace, tmp_path / "rank0.captureauto1.json.gz")
+    assert "C-CPU-003" in {f.case_id for f in hermes_kb.advise(tmp_path / "rank0.captureauto1.json.gz").findings}
+    (u,) = [f for f in facts_of(tmp_path, "untraced_host_time") if f.step is None]
+    assert u.python_ratio > 0.15 and u.profiler_added_us == 0.0  # the log's clock never meets the capture's
+    assert u.cpu_wait_us == pytest.approx(0.5 * u.window_us) and u.python_own_us == 0.0
+    assert "C-CPU-003" not in {f.case_id for f in hermes_kb.advise(tmp_path).findings}
+
+
+def test_cpu_wait_is_not_python_work():
+    # the unpinned loader twin: 2 workers and the trainer on 2 cores; the trainer waited for a core
+    # 27% of the time (the monitor's run-queue share), which is not interpreter work. (In the 2026-11-22
+    # recording its Python gaps, 26% of the step, were all such waits, and the trace alone fired
+    # C-CPU-003; on the faster host of the current recording they are 6% of the step.)
     run = ROOT / "benchmarks/scenarios/recorded/loader_workers_pinned/fixed"
     (c,) = facts_of(run, "monitor_cpu")
     (u,) = [f for f in facts_of(run, "untraced_host_time") if f.step is None]
-    assert c.runqueue_wait_ratio > 0.3
+    assert c.runqueue_wait_ratio > 0.2
     assert u.cpu_wait_us == pytest.approx(u.window_us * c.runqueue_wait_ratio)
     assert u.python_own_us == pytest.approx(max(u.python_us - u.profiler_added_us - u.cpu_wait_us, 0.0))
-    shutil.copy(run / "rank0.capture-profile.json.gz", tmp_path / "t.json.gz")
-    assert "C-CPU-003" in {f.case_id for f in hermes_kb.advise(tmp_path / "t.json.gz").findings}
     assert "C-CPU-003" not in {f.case_id for f in hermes_kb.advise(run).findings}

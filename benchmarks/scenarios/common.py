@@ -6,8 +6,10 @@ step per call (``step(i)``), with optional ``setup()`` / ``teardown()``. This mo
 the rest, identically for every scenario:
 
 - run each variant as a monitored job: the always-on monitor (``hermes_kb.monitor.Monitor``)
-  records every step of the run (``WARMUP`` steps, then up to ``MONITORED_STEPS`` more or
-  ``MONITORED_S`` seconds, then the profiled window) into the run directory
+  records every step of the run (``WARMUP`` steps, then at least ``MONITORED_STEPS`` more
+  lasting at least ``MONITORED_MIN_S`` seconds, so that its CPU samples and process scans see
+  something, but no more than ``MONITORED_MAX_STEPS`` steps or ``MONITORED_S`` seconds, then
+  the profiled window) into the run directory
   ``<out>/<scenario>/<variant>/rank0.jsonl``, and torch.profiler (CPU activity, record_shapes,
   with_stack, Python GC recording) captures ``PROFILE_STEPS`` steps at the end into
   ``<out>/<scenario>/<variant>/rank0.capture-profile.json.gz``, where ``hermes advise RUN_DIR``
@@ -40,7 +42,10 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "recorded"
 WARMUP = 3
-MONITORED_STEPS = 24  # unprofiled monitored steps before the profiled window ...
+MONITORED_STEPS = 24  # unprofiled monitored steps before the profiled window, at least ...
+MONITORED_MIN_S = 1.5  # ... and more until this long (CPU samples are 10 ms jiffies; the monitor
+#                        scans processes every 0.5 s here: a 0.3 s run would get no scan at all)
+MONITORED_MAX_STEPS = 400
 MONITORED_S = 4.0  # ... or fewer, when they take longer than this (at least 2)
 QUIET_WAIT_S = 600.0
 QUIET_BUSY = 0.15  # the machine counts as quiet below this busy share of all its CPUs
@@ -85,6 +90,17 @@ def small_cnn():
         nn.ReLU(),
         nn.Linear(64, 10),
     )
+
+
+def _cpu_model() -> str | None:
+    """The CPU's model name (/proc/cpuinfo): step times differ several-fold between hosts."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
 
 
 def _busy_share(seconds: float = 1.0) -> float | None:
@@ -132,8 +148,9 @@ def _profile(run: Run, run_dir: Path) -> None:
             run.step(i)
             mon.step()
         t0 = time.perf_counter()
-        for k in range(MONITORED_STEPS):
-            if k >= 2 and time.perf_counter() - t0 > MONITORED_S:
+        for k in range(MONITORED_MAX_STEPS):
+            elapsed = time.perf_counter() - t0
+            if k >= 2 and elapsed > MONITORED_S or k >= MONITORED_STEPS and elapsed >= MONITORED_MIN_S:
                 break
             i += 1
             run.step(i)
@@ -226,11 +243,13 @@ def main(name: str, make_run: Callable[[str], Run], label: Label, variants=("bad
         **timing,
         "torch": torch.__version__,
         "machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.system()}",
+        "cpu_model": _cpu_model(),
         "python": platform.python_version(),
         "recorded": _dt.date.today().isoformat() if not args.no_trace else old.get("recorded"),
         "recording_load": quiet,
-        "protocol": f"each variant one monitored run (hermes_kb Monitor every step): {WARMUP} warm-up steps, up to "
-        f"{MONITORED_STEPS} more ({MONITORED_S:g} s at most), then {PROFILE_STEPS} profiled steps captured into the run "
+        "protocol": f"each variant one monitored run (hermes_kb Monitor every step): {WARMUP} warm-up steps, "
+        f"{MONITORED_STEPS} to {MONITORED_MAX_STEPS} more (at least {MONITORED_MIN_S:g} s, at most {MONITORED_S:g} s), then "
+        f"{PROFILE_STEPS} profiled steps captured into the run "
         f"directory; timing: {ROUNDS} rounds x {TIMED_STEPS} unprofiled steps per variant, alternating, best round mean",
     }
     (out / "label.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -85,7 +85,7 @@ LABEL = Label(
     scenario="dispatch_tiny_ops",
     category="cpu",
     cause="operator_dispatch",
-    expected_cases=["C-COMP-012", "C-CPU-003"],
+    expected_cases=["C-CPU-026", "C-COMP-012", "C-CPU-003"],
     description=(
         "A per-feature-group layer written as a Python loop over 80 tiny (16-element) parameter "
         "pairs: well over 1,000 tiny element-wise operators (forward, backward, per-tensor SGD) per step, "
@@ -94,12 +94,10 @@ LABEL = Label(
     ),
     fix="Stack the 80 parameter pairs into one (80, 16) scale and shift: one mul/add/tanh per step.",
     notes=[
-        "Expected cases: C-COMP-012 (many small eager element-wise operators; per-operator dispatch, "
-        "not arithmetic, sets the step time) names the operator_dispatch cause; C-CPU-003 (Python "
-        "between operators) names the other half of the same overhead, the Python loop, and its fix "
-        "'vectorise per-element Python loops with tensor ops' is this scenario's fix. Neither is "
-        "labelled cpu/operator_dispatch exactly (C-COMP-012 is filed under computation): a CPU-side "
-        "'tiny operators, dispatch-bound' case would be the exact match.",
+        "Expected cases: C-CPU-026 (hundreds of tiny operators per step issued one by one) is the "
+        "exact match, cause operator_dispatch. C-COMP-012 (many small eager element-wise operators) "
+        "and C-CPU-003 (Python between operators) describe parts of the same overhead; C-CPU-003's fix "
+        "'vectorise per-element Python loops with tensor ops' is this scenario's fix.",
         "One intra-op thread in both variants (2 shared cores: OpenMP barrier noise under foreign load "
         "was larger than the effect).",
     ],

@@ -1,7 +1,8 @@
 """Scenario small_batch: a batch far too small for the model underutilises the hardware.
 
 Model: an MLP (512 -> 1024 -> 1024 -> 10 with LayerNorm and GELU, 1.6 M parameters) trained
-with AdamW on synthetic data, one intra-op thread.
+with AdamW (fused=True in both variants: the CPU default, a per-tensor loop, is a problem of its
+own, see optimizer_for_loop.py) on synthetic data, one intra-op thread.
 
 Injected (bad): batch size 4. Each step still runs every operator once and the AdamW update of
 all 1.6 M parameters once, but the matmuls have 4 rows: per-step fixed costs (dispatch, the
@@ -39,7 +40,7 @@ def make_run(variant: str) -> Run:
         nn.Linear(1024, 1024), nn.LayerNorm(1024), nn.GELU(),
         nn.Linear(1024, 10),
     )
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     b = BATCH[variant]
     gen = torch.Generator().manual_seed(1)
     data = [(torch.randn(b, 512, generator=gen), torch.randint(0, 10, (b,), generator=gen)) for _ in range(8)]

@@ -24,6 +24,7 @@ Checks (``--check``):
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import statistics
@@ -65,32 +66,13 @@ def _patch_attr(mod, name: str, value) -> Callable[[], None]:
     return lambda: setattr(mod, name, old)
 
 
-_KIDS = tuple(range(300))  # gc_pressure.KIDS
-
-
-def _acyclic_parse_batch(manifest: list[dict], idx: list[int]) -> list[int]:
-    """gc_pressure.parse_batch without the back-reference: each child names its parent's record
-    index instead of holding the parent itself."""
-    roots: list = []
-    labels: list = []
-    for i in idx:
-        rec = manifest[i]
-        root = {"rec": rec, "kids": [], "label": rec["label"]}
-        kids = root["kids"]
-        for k in _KIDS:
-            kids += [{"parent": i, "attrs": {"k": k, "w": 1.0}, "tags": [k, rec["label"]]}]
-        roots += [root]
-        labels += [root["label"]]
-    return labels
-
-
 CHECKS: dict[str, tuple[str, str, Callable]] = {
     "fused_optimizer": ("C-CPU-027", "optimizer built with fused=True (foreach=True where fused is refused)",
                         _patch_optimizers),
     "log_off_step": ("C-CPU-019", "log lines not written during the timed steps (written at teardown), as a "
                      "background writer would", lambda mod, torch: _patch_attr(mod, "FLUSH_EVERY", 10**9)),
     "acyclic_parse": ("C-CPU-011", "parse_batch without parent back-references (no reference cycles for the "
-                      "collector to find)", lambda mod, torch: _patch_attr(mod, "parse_batch", _acyclic_parse_batch)),
+                      "collector to find)", lambda mod, torch: _patch_attr(mod, "parse_batch", functools.partial(mod.parse_batch, back_refs=False))),
 }  # fmt: skip
 
 
