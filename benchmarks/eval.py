@@ -119,7 +119,8 @@ def score_scenario(d: Path) -> Outcome:
     if bad is not None and not healthy:
         rep = _advise(bad)
         fs = rep["findings"]
-        out.first = [{k: f[k] for k in ("case_id", "cause", "category", "severity", "expected_speedup")} for f in fs[:3]]
+        out.first = [{k: f[k] for k in ("case_id", "cause", "category", "severity", "expected_speedup", "explanation",
+                                        "share_of_step_ratio", "time_at_stake_us")} for f in fs[:3]]  # fmt: skip
         out.top1 = bool(fs) and _matches(fs[0], label)
         out.top3 = any(_matches(f, label) for f in fs[:3])
         hit = next((f for f in fs if _matches(f, label)), None)
@@ -219,6 +220,14 @@ def summarize(outcomes: list[Outcome]) -> dict:
     }
 
 
+def _opening(text: str, limit: int = 320) -> str:
+    """The explanation's first two sentences, on one line, cut at ``limit`` characters."""
+    flat = " ".join(text.split())
+    cut = flat.split(". ")
+    out = ". ".join(cut[:2]) + ("." if len(cut) > 2 else "")
+    return out if len(out) <= limit else out[: limit - 1].rstrip() + "…"
+
+
 def render(outcomes: list[Outcome], summary: dict, obs) -> str:
     def pct(x):
         return "-" if x is None else f"{x:.0%}"
@@ -273,11 +282,20 @@ def render(outcomes: list[Outcome], summary: dict, obs) -> str:
         for name, c in checked:
             lines.append(f"| {name} ({c['variant']}) | {c['case_id']} | {c['change']} | {c['predicted'][0]:.2f}-{c['predicted'][1]:.2f}x "
                          f"| {c['measured']:.2f}x | {'yes' if c['in_range'] else 'no'} |")  # fmt: skip
-    lines += ["", "## What hermes said first, and why", ""]
+    lines += ["", "## What hermes said first, and why", "",
+              "The first three findings on each bad variant; the first one with the opening of its explanation "
+              "(the evidence it was measured from).", ""]  # fmt: skip
     for o in outcomes:
-        lines.append(f"- **{o.name}**: " + ("; ".join(
-            f"{f['case_id']} {f['cause']} ({f['severity']}, {f['expected_speedup']['low']:.2f}-{f['expected_speedup']['high']:.2f}x)"
-            for f in o.first) or "no finding on the bad variant" if not o.label.get("healthy") else "healthy control"))  # fmt: skip
+        if o.label.get("healthy"):
+            lines.append(f"- **{o.name}**: healthy control")
+            continue
+        said = "; ".join(f"{f['case_id']} {f['cause']} ({f['severity']}, {f['expected_speedup']['low']:.2f}-"
+                         f"{f['expected_speedup']['high']:.2f}x)" for f in o.first)  # fmt: skip
+        lines.append(f"- **{o.name}**: {said or 'no finding on the bad variant'}")
+        if o.first:
+            f = o.first[0]
+            lines.append(f"  - {f['case_id']}, {f['time_at_stake_us'] / 1e3:,.1f} ms removable "
+                         f"({f['share_of_step_ratio']:.0%} of the analysed steps): {_opening(f['explanation'])}")  # fmt: skip
     notes = ROOT / "benchmarks/accuracy_notes.md"
     if notes.is_file():
         lines += ["", notes.read_text().strip()]

@@ -61,3 +61,9 @@ def test_recorded_speedup_uses_the_unprofiled_monitored_steps(tmp_path):
 def test_recorded_speedup_needs_both_runs(tmp_path):
     _log(tmp_path / "bad", [0.01] * 14)
     assert E.recorded_speedup(tmp_path, {}) is None
+
+
+def test_opening_of_an_explanation():
+    text = "On rank 0, 12.6 ms\n  of the step blocks on I/O. The loop waits for storage. Third sentence. Fourth."
+    assert E._opening(text) == "On rank 0, 12.6 ms of the step blocks on I/O. The loop waits for storage."
+    assert E._opening("x" * 400, limit=10) == "x" * 9 + "…"
