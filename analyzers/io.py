@@ -453,12 +453,12 @@ def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
     gm = on_tids(py, tids) & name_is(py["name"], "Python GC") if len(py) else np.zeros(0, bool)
     mm = on_tids(py, tids) & name_mask(py["name"], MONITOR_FRAME_RE) if len(py) else np.zeros(0, bool)
     M = iv.union(py["ts"].to_numpy()[mm], py["end"].to_numpy()[mm]) if len(py) else iv.EMPTY
-    gm = gm | mm
-    c_ts = np.concatenate([ops["ts"].to_numpy()[om], ann["ts"].to_numpy()[am], py["ts"].to_numpy()[gm]])
-    c_end = np.concatenate([ops["end"].to_numpy()[om], ann["end"].to_numpy()[am], py["end"].to_numpy()[gm]])
+    pm = gm | mm  # Python frames that cover host time like an operator
+    c_ts = np.concatenate([ops["ts"].to_numpy()[om], ann["ts"].to_numpy()[am], py["ts"].to_numpy()[pm]])
+    c_end = np.concatenate([ops["end"].to_numpy()[om], ann["end"].to_numpy()[am], py["end"].to_numpy()[pm]])
     c_src = np.concatenate([np.zeros(int(om.sum()), np.int8), np.ones(int(am.sum()), np.int8),
-                            np.full(int(gm.sum()), 2, np.int8)])  # fmt: skip
-    c_row = np.concatenate([np.flatnonzero(om), np.flatnonzero(am), np.flatnonzero(gm)])
+                            np.full(int(pm.sum()), 2, np.int8)])  # fmt: skip
+    c_row = np.concatenate([np.flatnonzero(om), np.flatnonzero(am), np.flatnonzero(pm)])
     cover = iv.union(c_ts, c_end)
     by_end = np.argsort(c_end, kind="stable")
     by_ts = np.argsort(c_ts, kind="stable")

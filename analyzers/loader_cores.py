@@ -47,9 +47,9 @@ def busy_cores(cpu: MonitorCpu) -> float | None:
 
 def bounded(wait: DataLoaderWait, cpu: MonitorCpu) -> DataLoaderWait:
     budget = job_cores(cpu)
-    busy = busy_cores(cpu)
-    if budget is None or busy is None or cpu.process_cores is None:
+    if budget is None or cpu.process_cores is None:
         return wait
+    busy = busy_cores(cpu)
     t, d = wait.step_us, wait.data_time_us
     floor = max(t - d, t * min(1.0, busy / budget))
     return wait.model_copy(update={"job_cores": budget, "busy_cores": busy, "core_bound_us": max(t - floor, 0.0)})

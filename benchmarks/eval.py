@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks/scenarios"))
+import common  # noqa: E402  the scenario harness (standard library only at import): its step schedule
 RECORDED = ROOT / "benchmarks/scenarios/recorded"
 BASELINE = ROOT / "benchmarks/accuracy_baseline.json"
 SHARED = ROOT.parent / "shared/data"
@@ -140,22 +142,17 @@ def score_scenario(d: Path) -> Outcome:
     return out
 
 
-PROFILED_TAIL = 7  # the harness's profiler schedule: 1 warm-up step + 6 recorded, at the end of the run
-WARMUP = 3
-
-
 def unprofiled_mean_s(run_dir: Path) -> float | None:
-    """Mean wall time of the monitored steps before the profiler's window (benchmarks/scenarios/common.py:
-    WARMUP steps, the monitored steps, then PROFILED_TAIL steps under the profiler)."""
+    """Mean wall time of the monitored steps before the profiler's window: the harness runs
+    common.WARMUP steps, the monitored steps, then the profiler's schedule (1 warm-up step and
+    common.PROFILE_STEPS recorded ones) at the end of the run."""
+    from hermes_kb.monitor.reader import read_rank_log
+
     log = run_dir / "rank0.jsonl"
     if not log.is_file():
         return None
-    walls = []
-    for line in log.read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("type") == "step" and isinstance(rec.get("wall_s"), (int, float)):
-            walls.append(float(rec["wall_s"]))
-    walls = walls[WARMUP:len(walls) - PROFILED_TAIL]
+    walls = read_rank_log(log, 0).wall_s
+    walls = walls[common.WARMUP:len(walls) - (common.PROFILE_STEPS + 1)]
     return statistics.fmean(walls) if len(walls) >= 2 else None
 
 
