@@ -124,8 +124,9 @@ def _mean_step(facts: list[dict[str, Any]]) -> dict[int | None, float]:
     return out
 
 
-def _gain(case: Case, m: Match, step_means: dict) -> tuple[float, float, float | None] | None:
-    """(removable R, step T, bound on what the fix removes or None) of one match."""
+def _gain(case: Case, m: Match, step_means: dict) -> tuple[float, float, float | None, float] | None:
+    """(removable R, step T, bound on what the fix removes or None, R at the measurement's low end)
+    of one match."""
     src = m.bindings.get(case.gain.removes.binding, {})
     r = src.get(case.gain.removes.field)
     if not isinstance(r, (int, float)):
@@ -143,7 +144,13 @@ def _gain(case: Case, m: Match, step_means: dict) -> tuple[float, float, float |
         c = m.bindings.get(case.gain.at_most.binding, {}).get(case.gain.at_most.field)
         if isinstance(c, (int, float)):
             cap = min(max(float(c), 0.0), float(t))
-    return min(max(float(r), 0.0), float(t)), float(t), cap
+    r = min(max(float(r), 0.0), float(t))
+    r_low = r
+    if case.gain.removes_low is not None:
+        v = m.bindings.get(case.gain.removes_low.binding, {}).get(case.gain.removes_low.field)
+        if isinstance(v, (int, float)):
+            r_low = min(max(float(v), 0.0), r)
+    return r, float(t), cap, r_low
 
 
 def _evidence(m: Match, inf: Inference) -> list[EvidenceItem]:
@@ -187,8 +194,9 @@ def findings_from(inf: Inference, kb: KnowledgeBase, platform: str) -> list[Find
         t = statistics.median(g[1] for g in gains)
         caps = [g[2] for g in gains if g[2] is not None]
         cap = statistics.median(caps) if len(caps) == len(gains) else None
+        r_low = statistics.median(g[3] for g in gains)
         lo, hi = case.gain.fraction
-        rm_lo, rm_hi = lo * r, hi * r
+        rm_lo, rm_hi = lo * r_low, hi * r
         if cap is not None:
             rm_lo, rm_hi = min(rm_lo, cap), min(rm_hi, cap)
         sp_lo = t / max(t - rm_lo, 1e-9)
@@ -208,6 +216,10 @@ def findings_from(inf: Inference, kb: KnowledgeBase, platform: str) -> list[Find
         assumption = (f"{case.gain.assumption.strip()} Measured: {r / 1e3:,.2f} ms removable out of {t / 1e3:,.2f} ms "
                       f"of step time ({share:.0%}; median over {len(gains)} match(es)); the fix removes {lo:.0%}-{hi:.0%} "
                       f"of it; speedup = step time / (step time - removed).")  # fmt: skip
+        if r_low < r:
+            assumption += (f" The measurement is itself a range: {r_low / 1e3:,.2f}-{r / 1e3:,.2f} ms removable "
+                           f"({case.gain.removes_low.field} to {case.gain.removes.field}); the low end of the "
+                           f"speedup starts from the smaller one.")  # fmt: skip
         if cap is not None and cap < hi * r:
             assumption += (f" Bound: at most {cap / 1e3:,.2f} ms can go ({case.gain.at_most.field}, "
                            f"{cap / t:.0%} of the step), which caps the range.")  # fmt: skip

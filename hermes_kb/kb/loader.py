@@ -327,6 +327,7 @@ def _load_checked(rules_dir: Path, cases_dir: Path, overrides) -> KnowledgeBase:
             _check_ref(item.gain.removes, bound, ("gain", "removes"), p, nodes, problems)
             _check_ref(item.gain.step, bound, ("gain", "step"), p, nodes, problems)
             _check_ref(item.gain.at_most, bound, ("gain", "at_most"), p, nodes, problems)
+            _check_ref(item.gain.removes_low, bound, ("gain", "removes_low"), p, nodes, problems)
             try:
                 _JINJA.parse(item.explanation)
             except jinja2.TemplateSyntaxError as exc:

@@ -102,6 +102,11 @@ class Gain(BaseModel):
 
     removes: FieldRef = Field(description="a per-step time (µs) the optimization can remove, e.g. exposed wait")
     step: FieldRef | None = Field(default=None, description="the step time (µs) it is part of; default: the rank's mean step")
+    removes_low: FieldRef | None = Field(
+        default=None,
+        description="where the measurement itself is a range (e.g. a CPU peak known within a factor), the "
+        "removable time at its low end; the fraction's low end then applies to this one",
+    )
     fraction: tuple[float, float] = Field(description="low and high fraction of that time the fix removes (0..1)")
     at_most: FieldRef | None = Field(
         default=None,
