@@ -76,12 +76,19 @@ def analyze_run_dir(run_dir: str | os.PathLike, *, max_workers: int | None = Non
 
 def merge_monitor_env(bundle: TraceBundle, run: RunLog) -> None:
     """Add the variables the monitor recorded for a rank to that rank's trace environment, where
-    the trace did not record them (the trace's own values win)."""
+    the trace did not record them (the trace's own values win), and the host CPU and torch
+    threads it recorded."""
     for rank, trace in bundle.ranks.items():
         log = run.ranks.get(rank)
-        env = ((log.environment or {}).get("env") if log is not None else None) or {}
-        for k, v in env.items():
+        rec = (log.environment if log is not None else None) or {}
+        for k, v in (rec.get("env") or {}).items():
             trace.meta.env.setdefault(str(k), str(v))
+        if isinstance(rec.get("cpu"), dict):
+            trace.meta.host_cpu = dict(rec["cpu"])
+            if isinstance(rec.get("affinity"), list) and rec["affinity"]:
+                trace.meta.host_cpu["usable_cores"] = len(rec["affinity"])
+        if isinstance(rec.get("torch_threads"), int):
+            trace.meta.torch_threads = rec["torch_threads"]
 
 
 def advise_run_dir(run_dir: str | os.PathLike, *, config=None, engine="auto", top: int | None = None,

@@ -7,6 +7,8 @@ import os
 import platform
 import sys
 
+from ..cpus import host_cpu
+
 ENV_PREFIXES = ("NCCL_", "HCCL_", "TORCH_", "CUDA_", "ASCEND_", "OMP_", "MKL_", "KMP_", "PYTORCH_", "TORCHINDUCTOR_")
 ENV_NAMES = ("OMP_NUM_THREADS", "CUDA_LAUNCH_BLOCKING", "ASCEND_LAUNCH_BLOCKING", "PYTORCH_CUDA_ALLOC_CONF",
              "TASK_QUEUE_ENABLE", "CPU_AFFINITY_CONF", "ASCEND_GLOBAL_LOG_LEVEL", "WORLD_SIZE", "LOCAL_WORLD_SIZE")  # fmt: skip
@@ -44,6 +46,7 @@ def environment() -> dict:
         "hostname": platform.node(),
         "pid": os.getpid(),
         "torch_threads": _torch_threads(torch),
+        "cpu": host_cpu(),
     }
 
 

@@ -50,6 +50,10 @@ class TraceMeta:
     thread_names: dict[str, str] = field(default_factory=dict)
     format: str = "kineto"  # or "ascend" (torch_npu profiler output)
     env: dict[str, str] = field(default_factory=dict)  # environment variables the profiler recorded
+    # the host CPU (model, vector flags, MHz) and torch intra-op threads, where a monitor log
+    # recorded them (a Kineto trace does not)
+    host_cpu: dict[str, Any] = field(default_factory=dict)
+    torch_threads: int | None = None
 
     @property
     def device_name(self) -> str | None:
