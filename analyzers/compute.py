@@ -911,11 +911,11 @@ def _op_costs(ops: pd.DataFrame, rows: np.ndarray) -> tuple[pd.DataFrame, np.nda
         texts = [_text(cats[j], int(u[j])) for j in range(len(cols))]
         c = op_cost(*texts)
         if c is None:
-            recs.append((texts[0], "", "", "", 0.0, 0.0, True, False))
+            recs.append((texts[0], "", "", "", 0.0, 0.0, True, False, 0))
         else:
             sig = shape_signature(texts[1], texts[2])
-            recs.append((texts[0], sig, c.dtype, c.category, c.flops, c.bytes, c.exact, True))
-    u = pd.DataFrame(recs, columns=["op", "shape", "dtype", "category", "flops", "bytes", "exact", "ok"])
+            recs.append((texts[0], sig, c.dtype, c.category, c.flops, c.bytes, c.exact, True, c.thin))
+    u = pd.DataFrame(recs, columns=["op", "shape", "dtype", "category", "flops", "bytes", "exact", "ok", "thin"])
     gid, groups = pd.factorize(pd.MultiIndex.from_frame(u[["op", "shape", "dtype", "category"]]))
     g = groups.to_frame(index=False)
     g.columns = ["op", "shape", "dtype", "category"]
@@ -985,9 +985,14 @@ def _op_analysis(ctx: RankContext, k: _Acts, total_dev: float, dev: DeviceSpec |
     first = np.full(ng, -1, dtype=np.int64)
     first[row_group[::-1]] = counted[::-1]
     g["first_row"] = first
+    thin = np.zeros(ng, dtype=np.int64)
+    np.maximum.at(thin, row_group, ucost["thin"].to_numpy()[uinv][live].astype(np.int64))
+    g["thin"] = thin
     g = g[g["time"] > 0].sort_values("time", ascending=False, kind="stable").reset_index(drop=True)
     if not len(g):
         return []
+    if not gpu:  # for cpu_batch: every operator group's CPU time, FLOPs and thinnest GEMM dimension
+        ctx.shared["cpu_op_groups"] = g[["op", "shape", "dtype", "category", "count", "flops", "time", "thin"]].copy()
 
     def peaks(category: str, dtype: str) -> tuple[str | None, float | None, float | None]:
         if dev is None:

@@ -70,6 +70,7 @@ class OpCost:
     bytes: float
     dtype: str  # fp32, bf16, fp16, fp8, fp64, int64, ... ("unknown")
     exact: bool = True
+    thin: int = 0  # GEMMs: the smallest of M, N, K (the rows a small batch starves); 0 otherwise
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ def _mm_cost(a: _Tensor, b: _Tensor, extra: list[_Tensor], bias: bool, dtype_fro
     flops = 2.0 * m * k * n + (m * n if bias else 0)
     out_bytes = m * n * _out_size(dtype_from)
     nbytes = a.nbytes + b.nbytes + sum(t.nbytes for t in extra) + out_bytes
-    return OpCost("gemm", flops, float(nbytes), _float_dtype(dtype_from))
+    return OpCost("gemm", flops, float(nbytes), _float_dtype(dtype_from), thin=min(m, k, n))
 
 
 def _mm(ts):
@@ -179,7 +180,7 @@ def _bmm_cost(a: _Tensor, b: _Tensor, extra: list[_Tensor]) -> OpCost | None:
     n = b.shape[2]
     flops = 2.0 * bs * m * k * n
     nbytes = a.nbytes + b.nbytes + sum(t.nbytes for t in extra) + bs * m * n * _out_size([a, b])
-    return OpCost("gemm", flops, float(nbytes), _float_dtype([a, b]))
+    return OpCost("gemm", flops, float(nbytes), _float_dtype([a, b]), thin=min(m, k, n))
 
 
 def _bmm(ts):
@@ -214,7 +215,7 @@ def _matmul(ts):
     m, k, n = sa[-2], sa[-1], sb[-1]
     flops = 2.0 * nb * m * k * n
     nbytes = a.nbytes + b.nbytes + nb * m * n * _out_size([a, b])
-    return OpCost("gemm", flops, float(nbytes), _float_dtype([a, b]))
+    return OpCost("gemm", flops, float(nbytes), _float_dtype([a, b]), thin=min(m, k, n))
 
 
 def _linear(ts):
@@ -228,7 +229,7 @@ def _linear(ts):
     k, n = w.shape[1], w.shape[0]
     flops = 2.0 * rows * k * n + (rows * n if bias is not None else 0)
     nbytes = x.nbytes + w.nbytes + (bias.nbytes if bias is not None else 0) + rows * n * _out_size([x, w])
-    return OpCost("gemm", flops, float(nbytes), _float_dtype([x, w]))
+    return OpCost("gemm", flops, float(nbytes), _float_dtype([x, w]), thin=min(rows, k, n))
 
 
 def _scaled_mm(ts):

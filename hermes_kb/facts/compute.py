@@ -181,3 +181,43 @@ class FusionCandidates(Fact):
                                    default=0)  # fmt: skip
     host_bound_threshold_ratio: float = ratio("a sequence is host bound when exec_ratio is below this", default=0.4)
     mte_bound_threshold_ratio: float = ratio("a sequence is MTE bound when mte_ratio is above this", default=0.8)
+
+
+class CpuThinMatmuls(Fact):
+    """CPU-only trace: matrix multiplies with a thin dimension (a few rows, typically the batch) and
+    what a larger batch would do to the per-sample time, over all analysed steps (step = null).
+    Emitted when the analysed steps hold GEMMs whose smallest dimension is at most ``thin_max_rows``.
+
+    Model (docs/analysis/compute.md): at ``batch_factor`` times the batch, the thin GEMMs do
+    that many times their FLOPs at no less than their present time, at most the CPU's FMA peak
+    (fast end) or ``attainable_ratio`` of the smaller peak the CPU flags allow (slow end); other
+    GEMMs grow with the batch; everything else (optimizer, element-wise work on small tensors,
+    Python) is taken as fixed per step. Peaks need the CPU model and clock the monitor records,
+    so on a bare trace the peak and prediction fields are null."""
+
+    kind: Literal["cpu_thin_matmuls"] = "cpu_thin_matmuls"
+    steps_count: int = measure("count", "analysed steps")
+    window_us: float = us("summed step windows")
+    step_us: float = us("window_us / steps_count")
+    gemm_us: float = us("time of all GEMM operators (outermost recognised operator, CPU duration)")
+    thin_gemm_us: float = us("time of the GEMM groups whose smallest dimension is <= thin_max_rows")
+    thin_gemm_ratio: float = ratio("thin_gemm_us / gemm_us")
+    thin_share_of_step_ratio: float = ratio("thin_gemm_us / window_us")
+    thin_max_rows: int = measure("count", "a GEMM is thin at or below this many rows")
+    thin_rows: int = measure("count", "smallest GEMM dimension of the thin groups (time-weighted median)")
+    target_rows: int = measure("count", "rows from which CPU GEMM kernels run near their peak")
+    batch_factor: float = measure("x", "target_rows / thin_rows: the batch multiple the prediction is for")
+    thin_gemm_flops: float = measure("FLOP", "FLOPs of the thin GEMMs in the window")
+    thin_achieved_flops_per_s: float = measure("FLOP/s", "thin_gemm_flops / thin_gemm_us")
+    other_gemm_us: float = us("time of the GEMMs that are not thin (grow with the batch)")
+    cpu_model: str | None = Field(default=None, description="the CPU model the monitor recorded")
+    threads_count: int | None = measure("count", "intra-op threads the GEMMs can use (torch threads, at most the usable cores)", default=None)
+    attainable_ratio: float = ratio("share of the smaller peak the slow end assumes a 64-row GEMM reaches")
+    peak_low_flops_per_s: float | None = measure("FLOP/s", "FP32 FMA peak of the threads, fewest FMA units the flags allow", default=None)
+    peak_high_flops_per_s: float | None = measure("FLOP/s", "FP32 FMA peak of the threads, most FMA units the flags allow", default=None)
+    target_step_fast_us: float | None = us("predicted step at batch_factor x the batch, GEMMs at the high peak", default=None)
+    target_step_slow_us: float | None = us("predicted step at batch_factor x the batch, GEMMs at attainable_ratio x the low peak", default=None)
+    per_sample_saving_high_us: float | None = us(
+        "step_us - target_step_fast_us / batch_factor: time saved per present batch's worth of samples", default=None
+    )
+    per_sample_saving_low_us: float | None = us("step_us - target_step_slow_us / batch_factor", default=None)
