@@ -84,7 +84,7 @@ def per_rank(ctx: RankContext) -> list[Fact]:
             return opt + gaps + rest_growth * rest_ops + thin_k + k * other_us / steps
 
         fast, slow = at_target(p_hi, 1.0), at_target(ATTAINABLE * p_lo, k)
-        fields = dict(peak_low_flops_per_s=p_lo, peak_high_flops_per_s=p_hi, target_step_fast_us=fast,
+        fields = dict(thin_utilisation_max_ratio=min(1.0, flops / (thin_us * 1e-6) / p_lo), peak_low_flops_per_s=p_lo, peak_high_flops_per_s=p_hi, target_step_fast_us=fast,
                       target_step_slow_us=slow, per_sample_saving_high_us=max(0.0, step - fast / k),
                       per_sample_saving_low_us=max(0.0, step - slow / k))  # fmt: skip
     top = thin.sort_values("time", ascending=False).head(5)

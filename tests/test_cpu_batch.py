@@ -76,6 +76,8 @@ def test_prediction_by_hand(tmp_path):
     assert (f.thin_rows, f.batch_factor, f.thin_gemm_flops) == (4, 16.0, flops)
     assert (f.gemm_us, f.thin_gemm_us, f.thin_gemm_ratio, f.thin_share_of_step_ratio) == (200, 200, 1.0, 0.2)
     assert (f.peak_low_flops_per_s, f.peak_high_flops_per_s) == (64e9, 128e9)
+    # 16_781_312 FLOPs in 200 µs = 83.9 GFLOP/s, above the lower peak: utilisation capped at 1
+    assert f.thin_achieved_flops_per_s == pytest.approx(flops / 200e-6) and f.thin_utilisation_max_ratio == 1.0
     # per step: optimizer 300 (fixed), relu 50 (other operators), gaps 1000 - 300 - 50 - 200 = 450
     fast_gemm = 16 * flops / 128e9 * 1e6  # 2097.664 µs, more than the 200 µs now
     slow_gemm = 16 * flops / (0.7 * 64e9) * 1e6  # 5993.326 µs

@@ -215,6 +215,10 @@ class CpuThinMatmuls(Fact):
     attainable_ratio: float = ratio("share of the smaller peak the slow end assumes a 64-row GEMM reaches")
     peak_low_flops_per_s: float | None = measure("FLOP/s", "FP32 FMA peak of the threads, fewest FMA units the flags allow", default=None)
     peak_high_flops_per_s: float | None = measure("FLOP/s", "FP32 FMA peak of the threads, most FMA units the flags allow", default=None)
+    thin_utilisation_max_ratio: float | None = ratio(
+        "thin_achieved_flops_per_s / peak_low_flops_per_s, at most 1: the highest share of the peak the thin "
+        "GEMMs can be reaching (the peak is known only within its range)", default=None
+    )
     target_step_fast_us: float | None = us("predicted step at batch_factor x the batch, GEMMs at the high peak", default=None)
     target_step_slow_us: float | None = us("predicted step at batch_factor x the batch, GEMMs at attainable_ratio x the low peak", default=None)
     per_sample_saving_high_us: float | None = us(
