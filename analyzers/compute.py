@@ -919,6 +919,7 @@ def _op_costs(ops: pd.DataFrame, rows: np.ndarray) -> tuple[pd.DataFrame, np.nda
     gid, groups = pd.factorize(pd.MultiIndex.from_frame(u[["op", "shape", "dtype", "category"]]))
     g = groups.to_frame(index=False)
     g.columns = ["op", "shape", "dtype", "category"]
+    g["thin"] = u["thin"].groupby(gid).max().to_numpy()  # a group's shape fixes its thinnest dimension
     row_group = np.where(u["ok"].to_numpy()[inv], gid[inv], -1)
     return g, row_group, u, inv
 
@@ -985,9 +986,6 @@ def _op_analysis(ctx: RankContext, k: _Acts, total_dev: float, dev: DeviceSpec |
     first = np.full(ng, -1, dtype=np.int64)
     first[row_group[::-1]] = counted[::-1]
     g["first_row"] = first
-    thin = np.zeros(ng, dtype=np.int64)
-    np.maximum.at(thin, row_group, ucost["thin"].to_numpy()[uinv][live].astype(np.int64))
-    g["thin"] = thin
     g = g[g["time"] > 0].sort_values("time", ascending=False, kind="stable").reset_index(drop=True)
     if not len(g):
         return []

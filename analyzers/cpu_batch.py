@@ -62,6 +62,7 @@ def per_rank(ctx: RankContext) -> list[Fact]:
     rows = int(round(_weighted_median(thin["thin"].to_numpy(float), thin["time"].to_numpy(float))))
     k = TARGET_ROWS / max(rows, 1)
     flops = float(thin["flops"].sum())
+    achieved = flops / (thin_us * 1e-6)
     meta = ctx.trace.meta
     cpu = meta.host_cpu or {}
     per_core = fp32_fma_peak_per_core(cpu)
@@ -69,9 +70,9 @@ def per_rank(ctx: RankContext) -> list[Fact]:
     if threads is not None and isinstance(cpu.get("usable_cores"), int):
         threads = max(1, min(threads, cpu["usable_cores"]))
     fields: dict = {}
-    opt_us, ops_us = _optimizer_and_operators(ctx)
     if per_core is not None and threads:
         p_lo, p_hi = per_core[0] * threads, per_core[1] * threads
+        opt_us, ops_us = _optimizer_and_operators(ctx)
         # per step: the optimizer's pass over the parameters does not grow with the batch; the
         # other operators grow between not at all (tiny tensors cost their dispatch) and k times
         # (large ones cost their bytes); host time between operators is per call, not per sample
@@ -84,7 +85,7 @@ def per_rank(ctx: RankContext) -> list[Fact]:
             return opt + gaps + rest_growth * rest_ops + thin_k + k * other_us / steps
 
         fast, slow = at_target(p_hi, 1.0), at_target(ATTAINABLE * p_lo, k)
-        fields = dict(thin_utilisation_max_ratio=min(1.0, flops / (thin_us * 1e-6) / p_lo), peak_low_flops_per_s=p_lo, peak_high_flops_per_s=p_hi, target_step_fast_us=fast,
+        fields = dict(thin_utilisation_max_ratio=min(1.0, achieved / p_lo), peak_low_flops_per_s=p_lo, peak_high_flops_per_s=p_hi, target_step_fast_us=fast,
                       target_step_slow_us=slow, per_sample_saving_high_us=max(0.0, step - fast / k),
                       per_sample_saving_low_us=max(0.0, step - slow / k))  # fmt: skip
     top = thin.sort_values("time", ascending=False).head(5)
@@ -92,7 +93,7 @@ def per_rank(ctx: RankContext) -> list[Fact]:
         rank=ctx.rank, steps_count=steps, window_us=window, step_us=step, gemm_us=gemm_us, thin_gemm_us=thin_us,
         thin_gemm_ratio=thin_us / gemm_us if gemm_us > 0 else 0.0, thin_share_of_step_ratio=thin_us / window if window > 0 else 0.0,
         thin_max_rows=THIN_MAX_ROWS, thin_rows=rows, target_rows=TARGET_ROWS, batch_factor=k, thin_gemm_flops=flops,
-        thin_achieved_flops_per_s=flops / (thin_us * 1e-6), other_gemm_us=other_us, cpu_model=cpu.get("model") or None,
+        thin_achieved_flops_per_s=achieved, other_gemm_us=other_us, cpu_model=cpu.get("model") or None,
         threads_count=threads, attainable_ratio=ATTAINABLE, **fields,
         evidence=Evidence(events=[f"{r.op} {r.shape}" for r in top.itertuples()],
                           counts={"thin_groups": int(len(thin)), "thin_calls": int(thin["count"].sum())},

@@ -124,33 +124,31 @@ def _mean_step(facts: list[dict[str, Any]]) -> dict[int | None, float]:
     return out
 
 
+def _value(m: Match, ref) -> float | None:
+    """The number a case's field reference points at in one match (None when absent or not a number)."""
+    v = m.bindings.get(ref.binding, {}).get(ref.field) if ref is not None else None
+    return float(v) if isinstance(v, (int, float)) else None
+
+
 def _gain(case: Case, m: Match, step_means: dict) -> tuple[float, float, float | None, float] | None:
     """(removable R, step T, bound on what the fix removes or None, R at the measurement's low end)
     of one match."""
-    src = m.bindings.get(case.gain.removes.binding, {})
-    r = src.get(case.gain.removes.field)
-    if not isinstance(r, (int, float)):
+    r = _value(m, case.gain.removes)
+    if r is None:
         return None
-    t = None
-    if case.gain.step is not None:
-        t = m.bindings.get(case.gain.step.binding, {}).get(case.gain.step.field)
-    if not isinstance(t, (int, float)) or t <= 0:
-        rank = src.get("rank")
+    t = _value(m, case.gain.step)
+    if t is None or t <= 0:
+        rank = m.bindings.get(case.gain.removes.binding, {}).get("rank")
         t = step_means.get(rank, step_means.get(None))
     if not isinstance(t, (int, float)) or t <= 0:
         return None
-    cap = None
-    if case.gain.at_most is not None:
-        c = m.bindings.get(case.gain.at_most.binding, {}).get(case.gain.at_most.field)
-        if isinstance(c, (int, float)):
-            cap = min(max(float(c), 0.0), float(t))
-    r = min(max(float(r), 0.0), float(t))
-    r_low = r
-    if case.gain.removes_low is not None:
-        v = m.bindings.get(case.gain.removes_low.binding, {}).get(case.gain.removes_low.field)
-        if isinstance(v, (int, float)):
-            r_low = min(max(float(v), 0.0), r)
-    return r, float(t), cap, r_low
+    t = float(t)
+    c = _value(m, case.gain.at_most)
+    cap = min(max(c, 0.0), t) if c is not None else None
+    r = min(max(r, 0.0), t)
+    low = _value(m, case.gain.removes_low)
+    r_low = min(max(low, 0.0), r) if low is not None else r
+    return r, t, cap, r_low
 
 
 def _evidence(m: Match, inf: Inference) -> list[EvidenceItem]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# the /proc/cpuinfo flags that decide the FP32 FMA width (recorded by the monitor, nothing else)
+# the /proc/cpuinfo flags the monitor records: those that decide the FP32 FMA width, and the
+# 16-bit matrix units (AMX, AVX512-BF16) the BF16 advice depends on
 VECTOR_FLAGS = ("avx512f", "avx2", "fma", "avx", "sse2", "amx_tile", "avx512_bf16", "asimd", "sve")
 
 
