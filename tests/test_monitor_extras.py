@@ -185,6 +185,8 @@ def test_resource_sample_has_runqueue_and_processes(tmp_path):
     assert [s["step"] for s in sampled] == [0, 2, 4]
     if Path("/proc/self/schedstat").exists():
         assert all(0.0 <= s["runqueue_wait_ratio"] <= 1.0 for s in sampled)
+        # the loop sleeps 10 ms a step: its main thread is on a CPU a small share of the time
+        assert all(0.0 <= s["main_run_ratio"] <= 0.9 for s in sampled[1:])
     if Path("/proc").is_dir():
         assert all("top_procs" in s and s["threads_count"] >= 1 for s in sampled)
 
@@ -229,3 +231,71 @@ def test_integrations_import_no_framework():
             "print(sorted(m for m in ('lightning', 'pytorch_lightning', 'transformers', 'torch', 'pandas') if m in sys.modules))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+class _FakeOptimizerHooks:
+    """Stands in for torch.optim.optimizer's global step hooks (the monitor never imports torch)."""
+
+    def __init__(self) -> None:
+        self.pre, self.post = [], []
+
+    def _handle(self, lst, fn):
+        lst.append(fn)
+        return type("Handle", (), {"remove": lambda _self: lst.remove(fn)})()
+
+    def register_optimizer_step_pre_hook(self, fn):
+        return self._handle(self.pre, fn)
+
+    def register_optimizer_step_post_hook(self, fn):
+        return self._handle(self.post, fn)
+
+    def step(self, work) -> None:  # what Optimizer.step does around its body
+        for h in list(self.pre):
+            h(None, (), {})
+        work()
+        for h in list(self.post):
+            h(None, (), {})
+
+
+def _touch_fresh_pages(n_pages: int) -> None:
+    import mmap
+
+    m = mmap.mmap(-1, n_pages * 4096)  # anonymous: every page faults on first write
+    for i in range(n_pages):
+        m[i * 4096] = 1
+    m.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="minor faults are a Linux counter")
+def test_page_faults_system_time_and_optimizer_share(tmp_path, monkeypatch):
+    import sys
+
+    fake = _FakeOptimizerHooks()
+    monkeypatch.setitem(sys.modules, "torch.optim.optimizer", fake)
+    with Monitor(tmp_path, rank=0, capture=False) as mon:
+        assert len(fake.pre) == 1 and len(fake.post) == 1
+        for i in range(4):
+            _touch_fresh_pages(512)  # 2 MiB outside the optimizer: >= 512 faults
+            if i != 2:  # step 2 accumulates gradients: no optimizer step
+                fake.step(lambda: (_touch_fresh_pages(1024), time.sleep(0.005)))  # 4 MiB inside
+            mon.step()
+    assert fake.pre == [] and fake.post == []  # hooks removed on close
+    recs = [x for x in _lines(tmp_path / "rank0.jsonl") if x["type"] == "step"]
+    for i, r in enumerate(recs):
+        assert r["sys_s"] >= 0.0 and r["sys_s"] <= r["cpu_s"] + 1e-6
+        if i == 2:
+            assert "optimizer_s" not in r and r["minflt"] >= 512
+            continue
+        assert r["minflt"] >= 1024 + 512 and r["optimizer_minflt"] >= 1024
+        assert r["minflt"] - r["optimizer_minflt"] >= 512
+        assert 0.005 <= r["optimizer_s"] <= r["wall_s"]
+    log = read_run(tmp_path).ranks[0]
+    assert log.minflt[0] == recs[0]["minflt"] and log.optimizer_s[0] == recs[0]["optimizer_s"]
+    assert log.optimizer_s[2] != log.optimizer_s[2]  # NaN: no optimizer step recorded there
+
+
+def test_reader_leaves_unrecorded_fault_fields_nan(tmp_path):
+    p = tmp_path / "rank0.jsonl"
+    p.write_text('{"type":"step","rank":0,"step":0,"wall_s":0.1,"cpu_s":0.1}\n')
+    log = read_rank_log(p, 0)
+    assert all(v != v for v in (log.sys_s[0], log.minflt[0], log.optimizer_s[0], log.optimizer_minflt[0]))

@@ -118,10 +118,13 @@ class ProcessSampler:
         }
 
 
-def runqueue_wait_ns() -> int | None:
-    """Nanoseconds the main thread has waited for a CPU while runnable (/proc/self/schedstat)."""
+def main_thread_ns() -> tuple[int, int] | None:
+    """(on-CPU, runnable-but-waiting) nanoseconds of the main thread (/proc/self/schedstat); the
+    rest of its wall time it slept: on a queue, a lock, a barrier, I/O."""
     try:
         with open("/proc/self/schedstat") as fh:
-            return int(fh.read().split()[1])
-    except (OSError, ValueError, IndexError):
+            run, wait = fh.read().split()[:2]
+            return int(run), int(wait)
+    except (OSError, ValueError):
         return None
+

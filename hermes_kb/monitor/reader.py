@@ -22,7 +22,7 @@ CAPTURE_RE = re.compile(r"^rank(\d+)\.capture(.+)\.json\.gz$")
 ASCEND_INFO_RE = re.compile(r"^profiler_info_(\d+)\.json$")  # inside a torch_npu *_ascend_pt directory
 SAMPLE_KEYS = ("process_cpu_cores", "system_cpu_ratio", "rss_bytes", "affinity_count", "runqueue_wait_ratio",
                "top_procs", "others_cores", "siblings_cores", "children_cores", "children_count", "threads_count",
-               "torch_threads")  # fmt: skip
+               "torch_threads", "main_run_ratio")  # fmt: skip
 
 
 @dataclass
@@ -38,6 +38,13 @@ class RankLog:
     gc_count: array = field(default_factory=lambda: array("q"))
     gc_gen2: array = field(default_factory=lambda: array("q"))
     cpu_s: array = field(default_factory=lambda: array("d"))  # NaN where not recorded
+    sys_s: array = field(default_factory=lambda: array("d"))  # system CPU of the process; NaN where not recorded
+    minflt: array = field(default_factory=lambda: array("d"))  # minor page faults; NaN where not recorded
+    # optimizer.step() in the step (monitor's torch hooks): NaN where not recorded, i.e. no step()
+    # ran or torch was not hooked
+    optimizer_s: array = field(default_factory=lambda: array("d"))
+    optimizer_sys_s: array = field(default_factory=lambda: array("d"))
+    optimizer_minflt: array = field(default_factory=lambda: array("d"))
     fluctuation: array = field(default_factory=lambda: array("b"))
     samples_per_s: array = field(default_factory=lambda: array("d"))  # NaN where not recorded
     mfu: array = field(default_factory=lambda: array("d"))
@@ -85,7 +92,8 @@ def read_rank_log(path: Path, rank: int) -> RankLog:
     nan = float("nan")
     decode, decode_error = _decoder()
     cols = (log.step, log.wall_s, log.end_s, log.data_wait_s, log.gc_pause_s, log.gc_count, log.gc_gen2, log.cpu_s,
-            log.fluctuation, log.samples_per_s, log.mfu)  # fmt: skip
+            log.fluctuation, log.samples_per_s, log.mfu, log.sys_s, log.minflt, log.optimizer_s, log.optimizer_sys_s,
+            log.optimizer_minflt)  # fmt: skip
     with open(path, "rb") as fh:
         for n, line in enumerate(fh, 1):
             if not line.strip():
@@ -101,7 +109,9 @@ def read_rank_log(path: Path, rank: int) -> RankLog:
                     row = (step, float(rec["wall_s"]), float(rec.get("time", nan)), float(rec.get("data_wait_s") or 0.0),
                            float(rec.get("gc_pause_s") or 0.0), int(rec.get("gc_count") or 0),
                            int(rec.get("gc_gen2") or 0), float(rec.get("cpu_s", nan)), 1 if rec.get("fluctuation") else 0,
-                           float(rec.get("samples_per_s", nan)), float(rec.get("mfu", nan)))  # fmt: skip
+                           float(rec.get("samples_per_s", nan)), float(rec.get("mfu", nan)),
+                           float(rec.get("sys_s", nan)), float(rec.get("minflt", nan)), float(rec.get("optimizer_s", nan)),
+                           float(rec.get("optimizer_sys_s", nan)), float(rec.get("optimizer_minflt", nan)))  # fmt: skip
             except (decode_error, ValueError, AttributeError, KeyError, TypeError, UnicodeDecodeError):
                 log.bad_lines += 1
                 log.first_bad_line = log.first_bad_line or n

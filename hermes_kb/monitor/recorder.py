@@ -12,11 +12,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+try:
+    import resource
+except ImportError:  # Windows
+    pass
+
 from .capture import Capturer
 from .detect import RollingDetector
 from .device import DeviceTimer, cuda_event_factory
 from .env import detect_rank, environment
-from .procs import ProcessSampler, runqueue_wait_ns
+from .procs import ProcessSampler, main_thread_ns
 
 
 _ENC = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
@@ -25,6 +30,18 @@ _ENC = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 def _proc_cpu_seconds() -> float:
     t = os.times()
     return t.user + t.system
+
+
+def _usage() -> tuple[float, float, int]:
+    """(user+system CPU seconds, system CPU seconds, minor page faults) of the whole process: one
+    getrusage call, microsecond resolution. Minor faults are pages the kernel had to map (and
+    zero) on first touch: memory the allocator got fresh from the OS."""
+    try:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+    except (NameError, OSError):  # no resource module (Windows)
+        t = os.times()
+        return t.user + t.system, t.system, 0
+    return r.ru_utime + r.ru_stime, r.ru_stime, r.ru_minflt
 
 
 def system_cpu_jiffies() -> tuple[float, float] | None:
@@ -95,11 +112,16 @@ class Monitor:
         self.auto_capture = auto_capture
         self._events: dict[str, float] = {}
         self._gc_gen2 = 0
-        self._cpu_t = 0.0
+        self._usage_last = (0.0, 0.0, 0)
+        # optimizer.step() time, system time and faults in the current step (global torch hooks)
+        self._opt = [0.0, 0.0, 0]
+        self._opt_open: tuple[float, float, int] | None = None
+        self._opt_depth = 0
+        self._opt_hooks: list[Any] = []
         self._procs = ProcessSampler() if procs_every_s > 0 else None
         self._procs_every = procs_every_s
         self._procs_at = float("-inf")
-        self._rq_last: tuple[float, int] | None = None
+        self._rq_last: tuple[float, int, int] | None = None  # (time, on-CPU ns, run-queue wait ns)
         self._device_events = device_events
         self.device: DeviceTimer | None = None
         self.capturer = (
@@ -131,13 +153,43 @@ class Monitor:
         if self._procs is not None:
             self._procs.sample()  # the baseline the first scan diffs against
             self._procs_at = time.perf_counter()
-        rq = runqueue_wait_ns()
-        self._rq_last = (time.perf_counter(), rq) if rq is not None else None
+        rq = main_thread_ns()
+        self._rq_last = (time.perf_counter(), *rq) if rq is not None else None
         self._t_last = time.perf_counter()
-        self._cpu_t = time.process_time()
+        self._usage_last = _usage()
+        self._hook_optimizers()
         self._cpu_last = (time.perf_counter(), _proc_cpu_seconds(), system_cpu_jiffies())
 
+    def _hook_optimizers(self) -> None:
+        """Time every optimizer.step() through torch's global step hooks, when torch is already
+        imported (the monitor never imports it): an unprofiled measure of the update's share of
+        the step, and of the page faults inside and outside it."""
+        optim = getattr(sys.modules.get("torch.optim.optimizer"), "register_optimizer_step_pre_hook", None)
+        if optim is None or self._opt_hooks:
+            return
+        post = sys.modules["torch.optim.optimizer"].register_optimizer_step_post_hook
+        self._opt_hooks = [optim(self._opt_pre), post(self._opt_post)]
+
+    def _opt_pre(self, *_: Any) -> None:
+        self._opt_depth += 1
+        if self._opt_depth == 1:  # an optimizer wrapping another: only the outer call counts
+            cpu, sys_s, flt = _usage()
+            self._opt_open = (time.perf_counter(), sys_s, flt)
+
+    def _opt_post(self, *_: Any) -> None:
+        self._opt_depth = max(self._opt_depth - 1, 0)
+        if self._opt_depth == 0 and self._opt_open is not None:
+            t0, s0, f0 = self._opt_open
+            _, sys_s, flt = _usage()
+            self._opt[0] += time.perf_counter() - t0
+            self._opt[1] += sys_s - s0
+            self._opt[2] += flt - f0
+            self._opt_open = None
+
     def close(self) -> None:
+        for h in self._opt_hooks:
+            h.remove()
+        self._opt_hooks = []
         if self.capturer is not None:
             info = self.capturer.stop()
             if info is not None:
@@ -204,8 +256,10 @@ class Monitor:
         now = time.perf_counter()
         wall = now - (self._t_last if self._t_last is not None else now)
         self._t_last = now
-        cpu = time.process_time() - self._cpu_t
-        self._cpu_t += cpu
+        usage = _usage()
+        cpu, sys_s, flt = (usage[0] - self._usage_last[0], usage[1] - self._usage_last[1],
+                           usage[2] - self._usage_last[2])  # fmt: skip
+        self._usage_last = usage
         flagged, med = self.detector.update(wall)
         self.fluctuations += flagged
         n = samples if samples is not None else self.samples_per_step
@@ -218,6 +272,9 @@ class Monitor:
         if self._events:
             opt["events"] = self._events
             self._events = {}
+        if self._opt[0] > 0.0:
+            opt["optimizer_s"], opt["optimizer_sys_s"], opt["optimizer_minflt"] = self._opt
+            self._opt = [0.0, 0.0, 0]
         if self.device is not None:
             done = self.device.boundary(i)
             if done:
@@ -227,8 +284,8 @@ class Monitor:
         opt.update(extra)
         # the fields most steps have are formatted by hand: a third of the cost of json.dumps
         line = (f'{{"type":"step","rank":{self.rank},"step":{i},"time":{wall_time!r},"wall_s":{wall!r},'
-                f'"data_wait_s":{dw!r},"gc_count":{gcn},"gc_pause_s":{gcp!r},"cpu_s":{cpu!r},'
-                f'"fluctuation":{"true" if flagged else "false"}')  # fmt: skip
+                f'"data_wait_s":{dw!r},"gc_count":{gcn},"gc_pause_s":{gcp!r},"cpu_s":{cpu!r},"sys_s":{sys_s!r},'
+                f'"minflt":{flt},"fluctuation":{"true" if flagged else "false"}')  # fmt: skip
         if med is not None:
             line += f',"rolling_median_s":{med!r}'
         sps = n / wall if n and wall > 0 else None
@@ -253,7 +310,8 @@ class Monitor:
         self._gc_count = 0
         self._gc_pause = 0.0
         rec = {"type": "step", "rank": self.rank, "step": i, "time": wall_time, "wall_s": wall, "data_wait_s": dw,
-               "gc_count": gcn, "gc_pause_s": gcp, "cpu_s": cpu, "fluctuation": flagged}  # fmt: skip
+               "gc_count": gcn, "gc_pause_s": gcp, "cpu_s": cpu, "sys_s": sys_s, "minflt": flt,
+               "fluctuation": flagged}  # fmt: skip
         for key, v in (("rolling_median_s", med), ("samples_per_s", sps), ("mfu", mfu)):
             if v is not None:
                 rec[key] = v
@@ -263,11 +321,14 @@ class Monitor:
     def _resources(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         self._maybe_device()
+        self._hook_optimizers()  # torch imported after start()
         t, cpu, sys_cpu = time.perf_counter(), _proc_cpu_seconds(), system_cpu_jiffies()
-        rq = runqueue_wait_ns()
+        rq = main_thread_ns()
         if rq is not None and self._rq_last is not None and t > self._rq_last[0]:
-            out["runqueue_wait_ratio"] = max(rq - self._rq_last[1], 0) / 1e9 / (t - self._rq_last[0])
-        self._rq_last = (t, rq) if rq is not None else None
+            dt = t - self._rq_last[0]
+            out["runqueue_wait_ratio"] = max(rq[1] - self._rq_last[2], 0) / 1e9 / dt
+            out["main_run_ratio"] = max(rq[0] - self._rq_last[1], 0) / 1e9 / dt
+        self._rq_last = (t, *rq) if rq is not None else None
         if self._procs is not None and t - self._procs_at >= self._procs_every:
             self._procs_at = t
             procs = self._procs.sample(t)
