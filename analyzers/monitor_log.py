@@ -21,7 +21,9 @@ from typing import Any
 import numpy as np
 
 from hermes_kb.facts.base import Evidence, Fact
-from hermes_kb.facts.monitor import MonitorCpu, MonitorEnvSetting, MonitorSlowRank, MonitorSpikes, MonitorSteps
+from hermes_kb.facts.monitor import (
+    MonitorCpu, MonitorEnvSetting, MonitorPageFaults, MonitorSlowRank, MonitorSpikes, MonitorSteps,
+)
 from hermes_kb.monitor.reader import RankLog, RunLog
 
 WARMUP = 2  # first steps left out (with at least MIN_STEPS_FOR_WARMUP steps)
@@ -34,6 +36,7 @@ ATTRIBUTE = 0.5  # a cause explains a spike when it accounts for half its excess
 WITH = 0.25  # a spike "comes with" GC / data wait when that part is a quarter of its excess
 REGULAR = 0.6  # spikes are periodic when 60% of the intervals are within max(1, 10%) of the median
 SYNC_TOL = 0.05  # ranks whose median steps agree within 5% synchronise every step
+PAGE_BYTES = 4096  # the log does not record the page size; 4 KiB on x86-64 and most arm64 Linux
 CHECKPOINT_RE = re.compile(r"ckpt|checkpoint|save", re.IGNORECASE)
 GC_DEFAULT_GEN0 = 700  # CPython 3.8-3.12 (3.13: 2000)
 TRUE = {"1", "true", "yes", "on"}
@@ -61,6 +64,11 @@ class _Series:
         self.gc = np.nan_to_num(np.asarray(log.gc_pause_s, dtype=np.float64)[w:]) * 1e6
         self.gen2 = np.asarray(log.gc_gen2, dtype=np.int64)[w:]
         self.cpu = np.asarray(log.cpu_s, dtype=np.float64)[w:] * 1e6
+        self.sys = np.asarray(log.sys_s, dtype=np.float64)[w:] * 1e6
+        self.flt = np.asarray(log.minflt, dtype=np.float64)[w:]
+        self.opt = np.asarray(log.optimizer_s, dtype=np.float64)[w:] * 1e6
+        self.opt_sys = np.asarray(log.optimizer_sys_s, dtype=np.float64)[w:] * 1e6
+        self.opt_flt = np.asarray(log.optimizer_minflt, dtype=np.float64)[w:]
         self.sps = np.asarray(log.samples_per_s, dtype=np.float64)[w:]
         self.mfu = np.asarray(log.mfu, dtype=np.float64)[w:]
         self.flags = np.asarray(log.fluctuation, dtype=np.int8)[w:]
@@ -102,6 +110,28 @@ def _steps_fact(rank: int, s: _Series) -> MonitorSteps:
         online_fluctuations_count=int(s.flags.sum()),
         evidence=Evidence(note=f"steps {int(s.step[0])}-{int(s.step[-1])} of the monitor log"),
     )
+
+
+def _fault_fact(rank: int, s: _Series) -> MonitorPageFaults | None:
+    """Means, not medians: an allocator that returns memory every few steps faults in bursts."""
+    ok = ~np.isnan(s.sys) & ~np.isnan(s.flt)
+    if ok.sum() < 3:
+        return None
+    wall, sys_us, flt = s.wall[ok], float(s.sys[ok].mean()), float(s.flt[ok].mean())
+    step = float(wall.mean())
+    hooked = not np.isnan(s.opt).all()  # NaN: no step() in that step (accumulation) or no hooks
+    opt = float(np.nan_to_num(s.opt[ok]).mean()) if hooked else None
+    opt_sys = float(np.nan_to_num(s.opt_sys[ok]).mean()) if hooked else None
+    return MonitorPageFaults(
+        rank=rank, steps_count=int(ok.sum()), mean_step_us=step, faults_per_step=flt,
+        faulted_mb_per_step=flt * PAGE_BYTES / 1e6, sys_us=sys_us, sys_ratio=min(sys_us / step, 1.0) if step > 0 else 0.0,
+        sys_us_per_fault=sys_us / flt if flt >= 1 else None,
+        optimizer_us=opt, optimizer_ratio=min(opt / step, 1.0) if opt is not None and step > 0 else None,
+        optimizer_sys_us=opt_sys,
+        optimizer_faults_per_step=float(np.nan_to_num(s.opt_flt[ok]).mean()) if hooked else None,
+        outside_optimizer_sys_us=max(sys_us - opt_sys, 0.0) if opt_sys is not None else None,
+        evidence=Evidence(note=f"steps {int(s.step[ok][0])}-{int(s.step[ok][-1])} of the monitor log; getrusage per step"),
+    )  # fmt: skip
 
 
 def rolling_median_mad(x: np.ndarray, window: int = ROLL) -> tuple[np.ndarray, np.ndarray]:
@@ -312,6 +342,12 @@ def _cpu_fact(rank: int, log: RankLog, s: _Series, run: RunLog) -> MonitorCpu | 
     sysr = _sample_median(samples, "system_cpu_ratio")
     others = _sample_median(scans, "others_cores")
     from_others = _wait_from_others(rq_us, others, wanted_sum, host_usable)
+    own = rq_us - from_others if rq_us is not None and from_others is not None else None
+    run = _sample_median(samples, "main_run_ratio")
+    sleep = max(mean * (1.0 - min(run, 1.0) - rq) - dw, 0.0) if run is not None and rq is not None else None
+    own_stall = own
+    if own is not None and sleep is not None and rq_us and not log.device_s:
+        own_stall = own + sleep * own / rq_us
     return MonitorCpu(
         rank=rank,
         samples_count=len(samples),
@@ -335,7 +371,10 @@ def _cpu_fact(rank: int, log: RankLog, s: _Series, run: RunLog) -> MonitorCpu | 
         runqueue_wait_us=rq_us,
         data_wait_us=dw,
         wait_from_others_us=from_others,
-        wait_from_own_us=rq_us - from_others if rq_us is not None and from_others is not None else None,
+        wait_from_own_us=own,
+        main_run_ratio=min(run, 1.0) if run is not None else None,
+        main_sleep_us=sleep,
+        own_stall_us=own_stall,
         starved_us=(rq_us or 0.0) + dw,
         starved_ratio=min(((rq_us or 0.0) + dw) / mean, 1.0) if mean > 0 else 0.0,
         torch_threads=threads(log) - int(_sample_median(samples, "children_count") or 0) if threads(log) is not None else None,
@@ -422,6 +461,8 @@ def monitor_facts(run: RunLog) -> list[Fact]:
         facts.extend(_spike_facts(r, s))
         if (cpu := _cpu_fact(r, log, s, run)) is not None:
             facts.append(cpu)
+        if (pf := _fault_fact(r, s)) is not None:
+            facts.append(pf)
         facts.extend(_env_facts(r, log, s, _device(log)))
     for group, ranks in _domains(run).items():
         f = _slow_rank(group, {r: series[r] for r in ranks if r in series})

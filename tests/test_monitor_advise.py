@@ -170,6 +170,36 @@ def test_runqueue_wait_split_between_others_and_own_threads(tmp_path):
     assert ids["C-MON-007"].expected_speedup.low == pytest.approx(20 / (20 - 0.7 * 5), abs=1e-3)
 
 
+def test_oversubscription_counts_the_main_threads_barrier_sleeps(tmp_path):
+    # CPU job on 2 cores: 8 torch threads + 2 workers, nobody else. Steps of 80 ms with 2 ms of
+    # data wait; the main thread ran 25% of the time and waited for a CPU 55%: it slept
+    # 80 x (1 - 0.25 - 0.55) - 2 = 14 ms per step. All the wait is the job's own (44 ms), so the
+    # high end removes 44 + 14 = 58 ms, the low end half of the 44 ms.
+    samples = {i: {"process_cpu_cores": 1.6, "system_cpu_ratio": 1.0, "affinity_count": 2, "runqueue_wait_ratio": 0.55,
+                   "main_run_ratio": 0.25, "children_cores": 0.3, "children_count": 2, "others_cores": 0.0,
+                   "siblings_cores": 0.0, "top_procs": [], "torch_threads": 8}
+               for i in range(0, 40, 10)}  # fmt: skip
+    env = {"cpu_count": 2, "affinity": [0, 1]}
+    write_log(tmp_path / "cpu", 0, [{"wall_s": 0.080, "data_wait_s": 0.002}] * 40, env, samples)
+    (c,) = facts_of(tmp_path / "cpu", "monitor_cpu")
+    assert c.wait_from_own_us == pytest.approx(44_000) and c.main_sleep_us == pytest.approx(14_000)
+    assert c.own_stall_us == pytest.approx(58_000)
+    (f,) = [x for x in hermes_kb.advise(tmp_path / "cpu").findings if x.case_id == "C-MON-008"]
+    assert f.expected_speedup.low == pytest.approx(80 / (80 - 0.5 * 44), abs=1e-3)
+    assert f.expected_speedup.high == pytest.approx(80 / (80 - 58), abs=1e-3)
+    assert "slept another 14.0 ms" in f.explanation
+    # the same on a GPU rank (device step times recorded): its sleeps are device waits, not counted
+    steps = [{"wall_s": 0.080, "data_wait_s": 0.002, **({"device_s": [[i, 0.07]]} if i else {})} for i in range(40)]
+    write_log(tmp_path / "gpu", 0, steps, env, samples)
+    (g,) = facts_of(tmp_path / "gpu", "monitor_cpu")
+    assert g.main_sleep_us == pytest.approx(14_000) and g.own_stall_us == pytest.approx(44_000)
+    # a log from before main_run_ratio was sampled: the run-queue wait alone
+    old = {i: {k: v for k, v in x.items() if k != "main_run_ratio"} for i, x in samples.items()}
+    write_log(tmp_path / "old", 0, [{"wall_s": 0.080, "data_wait_s": 0.002}] * 40, env, old)
+    (o,) = facts_of(tmp_path / "old", "monitor_cpu")
+    assert o.main_sleep_us is None and o.own_stall_us == pytest.approx(44_000)
+
+
 def test_advise_findings_and_gains_on_synthetic_run(tmp_path):
     write_log(tmp_path, 0, spiky_steps())
     write_log(tmp_path, 1, [{"wall_s": 0.010}] * 100)
@@ -457,3 +487,50 @@ def test_cpu_wait_is_not_python_work():
     assert u.cpu_wait_us == pytest.approx(u.window_us * c.runqueue_wait_ratio)
     assert u.python_own_us == pytest.approx(max(u.python_us - u.profiler_added_us - u.cpu_wait_us, 0.0))
     assert "C-CPU-003" not in {f.case_id for f in hermes_kb.advise(run).findings}
+
+
+def faulting_steps() -> list[dict]:
+    """40 steps of 10 ms: 3 ms of system time and 2000 minor faults each (1.5 us per fault), of
+    which 1200 faults and 2 ms inside a 6 ms optimizer.step(); every 4th step (accumulation) has
+    no optimizer step and faults only 800 times for 1 ms of system time."""
+    steps = []
+    for i in range(40):
+        if i % 4 == 3:
+            steps.append({"wall_s": 0.010, "sys_s": 0.001, "minflt": 800})
+        else:
+            steps.append({"wall_s": 0.010, "sys_s": 0.003, "minflt": 2000, "optimizer_s": 0.006,
+                          "optimizer_sys_s": 0.002, "optimizer_minflt": 1200})  # fmt: skip
+    return steps
+
+
+def test_page_fault_fact_by_hand(tmp_path):
+    write_log(tmp_path, 0, faulting_steps())
+    (f,) = facts_of(tmp_path, "monitor_page_faults")
+    # steps 2..39 (2 warm-up steps dropped): 38 steps, of which 3, 7, ..., 39 = 10 without step()
+    n, quiet = 38, 10
+    assert f.steps_count == n
+    assert f.faults_per_step == pytest.approx(((n - quiet) * 2000 + quiet * 800) / n)
+    assert f.sys_us == pytest.approx(((n - quiet) * 3000 + quiet * 1000) / n)
+    assert f.sys_ratio == pytest.approx(f.sys_us / 10000)
+    assert f.sys_us_per_fault == pytest.approx(f.sys_us / f.faults_per_step)
+    assert f.faulted_mb_per_step == pytest.approx(f.faults_per_step * 4096 / 1e6)
+    assert f.optimizer_us == pytest.approx((n - quiet) * 6000 / n)
+    assert f.optimizer_sys_us == pytest.approx((n - quiet) * 2000 / n)
+    assert f.optimizer_faults_per_step == pytest.approx((n - quiet) * 1200 / n)
+    assert f.outside_optimizer_sys_us == pytest.approx(f.sys_us - f.optimizer_sys_us)
+    report = hermes_kb.advise(tmp_path)
+    (pf,) = [x for x in report.findings if x.case_id == "C-MON-012"]
+    t, r = 10000.0, f.sys_us  # fraction 0.5-1.0 of the system time
+    assert pf.expected_speedup.low == pytest.approx(t / (t - 0.5 * r), abs=1e-3)
+    assert pf.expected_speedup.high == pytest.approx(t / (t - r), abs=1e-3)
+
+
+def test_page_faults_absent_or_explained_by_other_kernel_work(tmp_path):
+    write_log(tmp_path / "old", 0, [{"wall_s": 0.010}] * 20)  # a log from before the fields existed
+    assert facts_of(tmp_path / "old", "monitor_page_faults") == []
+    # 5 ms of system time per step for 300 faults (16.7 us each) passes R-MON-009 and C-MON-012 (<= 20 us);
+    # 9 ms for 300 (30 us each: writes, reads) passes the rule only
+    write_log(tmp_path / "io", 0, [{"wall_s": 0.010, "sys_s": 0.009, "minflt": 300}] * 20)
+    write_log(tmp_path / "fa", 0, [{"wall_s": 0.010, "sys_s": 0.005, "minflt": 300}] * 20)
+    assert "C-MON-012" not in {f.case_id for f in hermes_kb.advise(tmp_path / "io").findings}
+    assert "C-MON-012" in {f.case_id for f in hermes_kb.advise(tmp_path / "fa").findings}

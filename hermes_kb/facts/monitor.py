@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .base import Fact, measure, ratio, us
 
@@ -143,6 +143,19 @@ class MonitorCpu(Fact):
     )
     wait_from_own_us: float | None = us("runqueue_wait_us - wait_from_others_us: the part the job's own excess "
                                         "threads cause", default=None)  # fmt: skip
+    main_run_ratio: float | None = ratio(
+        "median share of wall time the main thread was on a CPU (/proc/self/schedstat)", default=None
+    )
+    main_sleep_us: float | None = us(
+        "per step, the main thread's time neither running nor waiting for a CPU, less the data wait: "
+        "mean step x (1 - main_run_ratio - runqueue_wait_ratio) - data_wait_us (blocked on a lock, a barrier, I/O, "
+        "a device)", default=None,
+    )
+    own_stall_us: float | None = us(
+        "wait_from_own_us + main_sleep_us x (wait_from_own_us / runqueue_wait_us), only for a rank without device "
+        "step times (CPU training, where the main thread's sleeps are its OpenMP barriers and joins): what the "
+        "job's own excess threads cost the main thread at most; else wait_from_own_us", default=None,
+    )
     starved_us: float = us("runqueue_wait_us + data_wait_us: time per step the loop waits for CPU or for data")
     starved_ratio: float = ratio("starved_us / mean step")
     torch_threads: int | None = measure("count", "torch intra-op threads of the rank", default=None)
@@ -153,6 +166,36 @@ class MonitorCpu(Fact):
         "threads per core", "threads_wanted_count / host_usable_cores (above 1: oversubscribed)", default=None
     )
     mean_step_us: float = us("mean step time")
+
+    @model_validator(mode="after")
+    def _own_stall(self) -> MonitorCpu:
+        if self.own_stall_us is None:
+            self.own_stall_us = self.wait_from_own_us
+        return self
+
+
+class MonitorPageFaults(Fact):
+    """System CPU time and minor page faults per step (getrusage, every step), and the share of
+    them inside optimizer.step() when the monitor hooked torch's optimizers. A minor fault is a
+    page the kernel maps and zeroes on first touch: memory the allocator took fresh from the OS.
+    glibc's malloc serves large tensors with mmap and hands them back on free, so a loop that
+    allocates and frees large temporaries every step faults its memory back in every step."""
+
+    kind: Literal["monitor_page_faults"] = "monitor_page_faults"
+    steps_count: int = measure("count", "analysed steps with the system time recorded")
+    mean_step_us: float = us("mean step time")
+    faults_per_step: float = measure("count", "mean minor page faults per step (whole process)")
+    faulted_mb_per_step: float = measure("MB", "faults_per_step x 4 KiB (the usual page size)")
+    sys_us: float = us("mean system CPU time per step (all threads of the process)")
+    sys_ratio: float = ratio("min(sys_us / mean_step_us, 1)")
+    sys_us_per_fault: float | None = us("sys_us / faults_per_step: about 0.3-2 us where faults make the system "
+                                        "time; far more means other kernel work (I/O calls)", default=None)  # fmt: skip
+    optimizer_us: float | None = us("mean optimizer.step() time per step, unprofiled (monitor hooks)", default=None)
+    optimizer_ratio: float | None = ratio("optimizer_us / mean_step_us", default=None)
+    optimizer_sys_us: float | None = us("mean system CPU time per step inside optimizer.step()", default=None)
+    optimizer_faults_per_step: float | None = measure("count", "mean minor faults per step inside optimizer.step()",
+                                                      default=None)  # fmt: skip
+    outside_optimizer_sys_us: float | None = us("sys_us - optimizer_sys_us", default=None)
 
 
 EnvIssue = Literal[
