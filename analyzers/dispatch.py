@@ -31,6 +31,16 @@ from .io import div, main_tid
 SMALL_ELEMENTS = 4096
 GAP_CAP_US = 200.0
 TOP_NAMES = 5
+# operators that only write a new tensor header over the same storage: their cost is the call, not
+# the tensor's size, so a select on a large batch is as small as a mul on a (16,) slice. reshape,
+# flatten and contiguous copy when they must, and then through a callee (clone, copy_) that
+# carries its own input size
+VIEW_OPS = frozenset(f"aten::{n}" for n in (
+    "alias", "as_strided", "chunk", "contiguous", "detach", "diagonal", "expand", "expand_as", "flatten",
+    "narrow", "permute", "reshape", "reshape_as", "select", "slice", "split", "split_with_sizes", "squeeze",
+    "t", "transpose", "unbind", "unflatten", "unsqueeze", "view", "view_as", "_reshape_alias", "_unsafe_view",
+    "lift_fresh", "numpy_T",
+))  # fmt: skip
 OPTIMIZER_RE = re.compile(r"^Optimizer\.step#(\w+)\.step$")
 
 
@@ -57,6 +67,7 @@ def _work_of_roots(ops: pd.DataFrame, depth_max: int) -> np.ndarray:
     per_cat = np.array([largest_input(str(c)) for c in cats] + [-1], dtype=np.int64)
     codes = ops["input_dims"].cat.codes.to_numpy().astype(np.int64)
     el = per_cat[np.where(codes < 0, len(cats), codes)]
+    el[ops["name"].isin(VIEW_OPS).to_numpy()] = 0  # a view's callees are views too, or count on their own
     parent = ops["parent"].to_numpy()
     root = np.arange(len(ops))
     for _ in range(depth_max):

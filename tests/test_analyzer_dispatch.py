@@ -69,6 +69,29 @@ def test_hand_made_steps(tmp_path):
     assert f.evidence.counts["aten::mul"] == 4
 
 
+def test_views_are_small_whatever_their_input(tmp_path):
+    # One step of 1000 µs. A loop over groups of a (16, 80, 16) input: select (a view of the
+    # 20480-element tensor, 4 µs, calling as_strided), then a mul on the (16, 16) slice; twice.
+    # Views only write a tensor header, so both selects count as small and the gaps around them
+    # as dispatch: ops at 100, 110, 130, 140 -> gaps 6, 10, 6 (select 4 µs, mul 10 µs).
+    # Then a reshape of the same input that copies (its callee clone works on 20480 elements,
+    # 50 µs at 200): not small by the clone, and the gap before it (140+10 -> 200) is not counted.
+    ev = [
+        X("user_annotation", "ProfilerStep#1", 0, 1000),
+        op("aten::select", 100, 4, [[16, 80, 16], [], []], 1),
+        op("aten::as_strided", 101, 2, [[16, 80, 16], [], [], []], 2),
+        op("aten::mul", 110, 10, [[16, 16], [16]], 3),
+        op("aten::select", 130, 4, [[16, 80, 16], [], []], 4),
+        op("aten::mul", 140, 10, [[16, 16], [16]], 5),
+        op("aten::reshape", 200, 50, [[16, 80, 16], []], 6),
+        op("aten::clone", 201, 48, [[16, 80, 16]], 7),
+    ]
+    f = D.per_rank(ctx_of(write_trace(tmp_path / "t.json", ev)))[0]
+    assert f.ops_count == 5 and f.small_ops_count == 4
+    assert f.small_ops_us == pytest.approx(4 + 10 + 4 + 10)
+    assert f.between_small_us == pytest.approx(6 + 10 + 6)
+
+
 def test_no_shapes_no_fact(tmp_path):
     ev = [X("user_annotation", "ProfilerStep#1", 0, 1000), X("cpu_op", "aten::mul", 10, 10, args={"External id": 1})]
     assert D.per_rank(ctx_of(write_trace(tmp_path / "t.json", ev))) == []
