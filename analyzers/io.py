@@ -439,6 +439,24 @@ PYTHON_IO_RE = re.compile(
 MONITOR_FRAME_RE = re.compile(r"hermes_kb/monitor/\w+\.py\(\d+\)")
 
 
+IO_STEP_SHARE = 0.10  # a step whose I/O frames take 10% of it is an I/O step
+QUIET_SHARE = 0.01  # ... and one under 1% a quiet one
+IO_EXPLAINS = 0.5  # the I/O frames must be half of what the I/O steps add for the excess to count
+
+
+def _io_step_excess(rows: list[dict]) -> tuple[int, float | None]:
+    """(I/O steps, their summed excess over the median quiet step): what a periodic save or log
+    flush adds to the steps it lands in, everything around the write included (state_dict(),
+    pickling in Python, copies), which the I/O frames alone leave out. None without both kinds
+    of step."""
+    io = [r["step_us"] for r in rows if r["io"] >= IO_STEP_SHARE * r["step_us"]]
+    quiet = [r["step_us"] for r in rows if r["io"] < QUIET_SHARE * r["step_us"]]
+    if not io or not quiet:
+        return len(io), None
+    base = float(np.median(quiet))
+    return len(io), float(sum(max(t - base, 0.0) for t in io))
+
+
 def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
     tr = ctx.trace
     ops, ann, py = tr.cpu_ops, tr.annotations, tr.python
@@ -505,7 +523,7 @@ def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
                                 untraced_us=float(glen[j] - py_part[j])))  # fmt: skip
         large = glen >= LARGE_GAP_US
         mon_s, mon_e = iv.clip(M, a, b)
-        rows.append({"step": w.step, "window": b - a, "outside": float(glen.sum()), "py": float(py_part.sum()),
+        rows.append({"step": w.step, "window": b - a, "step_us": w.duration_us, "outside": float(glen.sum()), "py": float(py_part.sum()),
                      "io": float(io_part.sum()), "mon": float((mon_e - mon_s).sum()),
                      "n": len(glen), "nl": int(large.sum()), "ll": float(glen[large].sum()), "gaps": gaps})  # fmt: skip
     if not rows:
@@ -516,9 +534,13 @@ def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
         out = sum(r["outside"] for r in rs)
         pyt = min(sum(r["py"] for r in rs), out)
         pio = min(sum(r["io"] for r in rs), pyt)
+        n_io, excess = _io_step_excess(rs) if step is None else (0, None)
+        io_in_io_steps = sum(r["io"] for r in rs if r["io"] >= IO_STEP_SHARE * r["step_us"])
+        blocking = max(pio, excess) if excess is not None and io_in_io_steps >= IO_EXPLAINS * excess else pio
         return UntracedHostTime(
             rank=tr.rank, step=step, window_us=win, outside_ops_us=out, python_us=pyt, untraced_us=out - pyt,
             python_io_us=pio, python_io_ratio=div(pio, win), python_io_share_ratio=div(pio, pyt),
+            io_steps_count=n_io, io_step_excess_us=excess, blocking_io_us=blocking,
             monitor_us=sum(r["mon"] for r in rs),
             outside_ops_ratio=div(out, win), python_ratio=div(pyt, win), untraced_ratio=div(out - pyt, win),
             gaps_count=sum(r["n"] for r in rs), large_gap_threshold_us=LARGE_GAP_US,

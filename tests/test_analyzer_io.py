@@ -277,6 +277,34 @@ def test_python_io_time_is_separated_from_other_python(tmp_path):
     assert u.python_io_share_ratio == pytest.approx(250 / 800) and u.python_io_ratio == pytest.approx(250 / 1000)
 
 
+def test_periodic_io_steps_count_all_they_add(tmp_path):
+    # Four steps. Steps 1 and 3: 1000 µs of ops. Steps 2 and 4 save a checkpoint: the same ops, then
+    # 3000 µs of save_checkpoint, of which a torch.save frame of 2000 µs (I/O); the other 1000 µs
+    # builds the state dict in Python. The quiet steps take 1000 µs, the I/O steps 4000 µs: they add
+    # 2 x 3000 µs, the I/O frames 2 x 2000 µs (4000 >= half of 6000: the I/O sets them apart).
+    from analyzers.steps import step_context
+    from analyzers import io as io_an
+
+    ev, pid = [], 1
+    for k, t0 in enumerate((0, 1000, 5000, 6000)):
+        io_step = k in (1, 3)
+        ev += [X("user_annotation", f"ProfilerStep#{k + 1}", t0, 4000 if io_step else 1000),
+               X("cpu_op", "aten::mm", t0, 1000)]  # fmt: skip
+        if io_step:
+            ev += [X("python_function", "train.py(30): save_checkpoint", t0 + 1000, 3000, args={"Python id": pid}),
+                   X("python_function", "torch/serialization.py(900): save", t0 + 2000, 2000,
+                     args={"Python id": pid + 1, "Python parent id": pid})]  # fmt: skip
+            pid += 2
+    t = next(iter(hermes_kb.load(write_trace(tmp_path / "t.json", ev))))
+    ctx, _ = step_context(t)
+    u = next(f for f in io_an.per_rank(ctx) if f.kind == "untraced_host_time" and f.step is None)
+    assert u.python_io_us == 4000.0 and u.io_steps_count == 2
+    assert u.io_step_excess_us == pytest.approx(6000.0) and u.blocking_io_us == pytest.approx(6000.0)
+    # each step alone has no quiet step to compare with: the I/O frames only
+    per_step = [f for f in io_an.per_rank(ctx) if f.kind == "untraced_host_time" and f.step is not None]
+    assert all(f.io_step_excess_us is None and f.blocking_io_us == f.python_io_us for f in per_step)
+
+
 def test_the_monitors_own_frames_are_not_python_between_operators(tmp_path):
     # step [0, 2000): ops cover [0, 100) and [1900, 2000); the loop's Python covers [100, 1900), and
     # inside it hermes' monitor samples its resources for [1000, 1600) (600 µs, nested frames):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .base import Fact, measure, ratio, us
 
@@ -127,6 +127,18 @@ class UntracedHostTime(Fact):
         default=0.0,
     )
     python_io_ratio: float = ratio("python_io_us / window_us", default=0.0)
+    io_steps_count: int = measure(
+        "count", "aggregate only: steps with python_io_us of at least 10% of their window (0 for a single step)", default=0,
+    )
+    io_step_excess_us: float | None = us(
+        "aggregate only, when some steps do I/O and others (I/O under 1% of the window) do not: the summed excess "
+        "of the I/O steps over the median quiet step, i.e. all the I/O steps add, serialisation and state "
+        "gathering around the I/O frames included", default=None,
+    )
+    blocking_io_us: float | None = us(
+        "max(python_io_us, io_step_excess_us) when the I/O frames in the I/O steps make up at least half of that "
+        "excess (the I/O is what sets those steps apart); else python_io_us (filled in when not given)", default=None,
+    )
     monitor_us: float = us(
         "time inside hermes' own monitor (hermes_kb/monitor frames: its step() and resource sampling) in the "
         "window; covered like an operator, so not part of outside_ops_us or python_us", default=0.0,
@@ -156,6 +168,12 @@ class UntracedHostTime(Fact):
         "for a CPU can explain: the interpreter's own work", default=None,
     )
     python_own_ratio: float | None = ratio("python_own_us / window_us", default=None)
+
+    @model_validator(mode="after")
+    def _blocking(self) -> UntracedHostTime:
+        if self.blocking_io_us is None:
+            self.blocking_io_us = self.python_io_us
+        return self
 
 
 class HostToDeviceCopies(Fact):
