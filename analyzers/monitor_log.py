@@ -346,7 +346,12 @@ def _cpu_fact(rank: int, log: RankLog, s: _Series, run: RunLog) -> MonitorCpu | 
     run = _sample_median(samples, "main_run_ratio")
     sleep = max(mean * (1.0 - min(run, 1.0) - rq) - dw, 0.0) if run is not None and rq is not None else None
     own_stall = own
-    if own is not None and sleep is not None and rq_us and not log.device_s:
+    per_core = wanted_sum / host_usable if wanted_sum is not None and host_usable else None
+    team = threads(log) - int(_sample_median(samples, "children_count") or 0) if threads(log) is not None else None
+    # the sleeps are barrier waits only where there is an OpenMP team (more than one torch thread)
+    # and the job's own threads outnumber its cores
+    if (own is not None and sleep is not None and rq_us and not log.device_s and per_core and per_core > 1.0
+            and team is not None and team > 1):
         own_stall = own + sleep * own / rq_us
     return MonitorCpu(
         rank=rank,
@@ -377,7 +382,7 @@ def _cpu_fact(rank: int, log: RankLog, s: _Series, run: RunLog) -> MonitorCpu | 
         own_stall_us=own_stall,
         starved_us=(rq_us or 0.0) + dw,
         starved_ratio=min(((rq_us or 0.0) + dw) / mean, 1.0) if mean > 0 else 0.0,
-        torch_threads=threads(log) - int(_sample_median(samples, "children_count") or 0) if threads(log) is not None else None,
+        torch_threads=team,
         threads_wanted_count=wanted_sum,
         threads_per_core=wanted_sum / host_usable if wanted_sum is not None and host_usable else None,
         mean_step_us=mean,

@@ -153,8 +153,9 @@ class MonitorCpu(Fact):
     )
     own_stall_us: float | None = us(
         "wait_from_own_us + main_sleep_us x (wait_from_own_us / runqueue_wait_us), only for a rank without device "
-        "step times (CPU training, where the main thread's sleeps are its OpenMP barriers and joins): what the "
-        "job's own excess threads cost the main thread at most; else wait_from_own_us", default=None,
+        "step times, with more than one torch thread, whose host has more threads wanted than cores (CPU "
+        "training, where the main thread's sleeps are its OpenMP barriers and joins): what the job's own excess "
+        "threads cost the main thread at most; else wait_from_own_us", default=None,
     )
     starved_us: float = us("runqueue_wait_us + data_wait_us: time per step the loop waits for CPU or for data")
     starved_ratio: float = ratio("starved_us / mean step")
