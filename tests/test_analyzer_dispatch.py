@@ -97,7 +97,9 @@ def test_no_shapes_no_fact(tmp_path):
     assert D.per_rank(ctx_of(write_trace(tmp_path / "t.json", ev))) == []
 
 
-@pytest.mark.parametrize("variant,per_step,lo,hi", [("bad", 1142.0, 0.6, 0.8), ("fixed", 29.0, 0.0, 0.5)])
+# bad: 80 groups x (select, mul, add, tanh) forward, their backward, the cat, the per-tensor SGD;
+# the 80 selects of the (16, 80, 16) input are views, small whatever the input
+@pytest.mark.parametrize("variant,per_step,lo,hi", [("bad", 1222.0, 0.75, 0.9), ("fixed", 30.0, 0.0, 0.5)])
 def test_recorded_scenario(variant, per_step, lo, hi):
     f = D.per_rank(ctx_of(SCENARIO / variant / "rank0.capture-profile.json.gz"))[0]
     assert f.small_ops_per_step == per_step
@@ -108,8 +110,8 @@ def test_advise_names_it_first_and_not_on_the_twin():
     bad = hermes_kb.advise(hermes_kb.load(SCENARIO / "bad" / "rank0.capture-profile.json.gz"))
     assert bad.findings[0].case_id == "C-CPU-026"
     s = bad.findings[0].expected_speedup
-    # removed 44.33 ms x [0.7, 0.95] of 60.12 ms (73.7%) -> 1/(1 - 0.516) .. 1/(1 - 0.701)
-    assert s.low == pytest.approx(2.07, abs=0.02) and s.high == pytest.approx(3.34, abs=0.03)
+    # removed 52.83 ms x [0.7, 0.95] of 63.90 ms (82.7%) -> 1/(1 - 0.579) .. 1/(1 - 0.785)
+    assert s.low == pytest.approx(2.37, abs=0.02) and s.high == pytest.approx(4.66, abs=0.03)
     fixed = hermes_kb.advise(hermes_kb.load(SCENARIO / "fixed" / "rank0.capture-profile.json.gz"))
     assert all(f.case_id != "C-CPU-026" for f in fixed.findings)
 
@@ -142,13 +144,13 @@ def test_no_optimizer_annotation_no_fact(tmp_path):
 
 
 def test_optimizer_case_on_the_for_loop_recording():
-    # AdamW for-loop: 96.61 ms of 140.84 ms (68.6%) -> removes [0.65, 0.95] of it:
-    # 1/(1 - 0.446) = 1.80x .. 1/(1 - 0.652) = 2.87x; its fused twin: no finding
+    # AdamW for-loop: 100.68 ms of 143.72 ms (70.05%) -> removes [0.65, 0.95] of it:
+    # 1/(1 - 0.455) = 1.84x .. 1/(1 - 0.665) = 2.99x; its fused twin: no finding
     run = SCENARIO.parent / "optimizer_for_loop"
     rep = hermes_kb.advise(hermes_kb.load(run / "bad" / "rank0.capture-profile.json.gz"))
     f = next(x for x in rep.findings if x.case_id == "C-CPU-027")
-    assert f.expected_speedup.low == pytest.approx(1.80, abs=0.02)
-    assert f.expected_speedup.high == pytest.approx(2.87, abs=0.02)
+    assert f.expected_speedup.low == pytest.approx(1.84, abs=0.02)
+    assert f.expected_speedup.high == pytest.approx(2.99, abs=0.02)
     fixed = hermes_kb.advise(hermes_kb.load(run / "fixed" / "rank0.capture-profile.json.gz"))
     assert all(x.case_id != "C-CPU-027" for x in fixed.findings)
 
