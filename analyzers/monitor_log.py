@@ -384,7 +384,7 @@ def _cpu_fact(rank: int, log: RankLog, s: _Series, run: RunLog) -> MonitorCpu | 
         starved_ratio=min(((rq_us or 0.0) + dw) / mean, 1.0) if mean > 0 else 0.0,
         torch_threads=team,
         threads_wanted_count=wanted_sum,
-        threads_per_core=wanted_sum / host_usable if wanted_sum is not None and host_usable else None,
+        threads_per_core=per_core,
         mean_step_us=mean,
         evidence=Evidence(note=f"{len(samples)} samples, {len(scans)} process scans"),
     )

@@ -173,7 +173,7 @@ class Monitor:
     def _opt_pre(self, *_: Any) -> None:
         self._opt_depth += 1
         if self._opt_depth == 1:  # an optimizer wrapping another: only the outer call counts
-            cpu, sys_s, flt = _usage()
+            _, sys_s, flt = _usage()
             self._opt_open = (time.perf_counter(), sys_s, flt)
 
     def _opt_post(self, *_: Any) -> None:
@@ -275,6 +275,7 @@ class Monitor:
         if self._opt[0] > 0.0:
             opt["optimizer_s"], opt["optimizer_sys_s"], opt["optimizer_minflt"] = self._opt
             self._opt = [0.0, 0.0, 0]
+        self._opt_depth, self._opt_open = 0, None  # a step() that raised never ran its post hook
         if self.device is not None:
             done = self.device.boundary(i)
             if done:
