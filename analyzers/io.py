@@ -444,17 +444,20 @@ QUIET_SHARE = 0.01  # ... and one under 1% a quiet one
 IO_EXPLAINS = 0.5  # the I/O frames must be half of what the I/O steps add for the excess to count
 
 
-def _io_step_excess(rows: list[dict]) -> tuple[int, float | None]:
-    """(I/O steps, their summed excess over the median quiet step): what a periodic save or log
-    flush adds to the steps it lands in, everything around the write included (state_dict(),
-    pickling in Python, copies), which the I/O frames alone leave out. None without both kinds
-    of step."""
-    io = [r["step_us"] for r in rows if r["io"] >= IO_STEP_SHARE * r["step_us"]]
+def _blocking_io(rows: list[dict], python_io_us: float) -> tuple[int, float | None, float]:
+    """(I/O steps, their summed excess over the median quiet step, blocking_io_us). The excess is
+    what a periodic save or log flush adds to the steps it lands in, everything around the write
+    included (state_dict(), pickling in Python, copies), which the I/O frames alone leave out;
+    None without both kinds of step. It counts when the I/O frames of those steps are at least
+    IO_EXPLAINS of it."""
+    io = [r for r in rows if r["io"] >= IO_STEP_SHARE * r["step_us"]]
     quiet = [r["step_us"] for r in rows if r["io"] < QUIET_SHARE * r["step_us"]]
     if not io or not quiet:
-        return len(io), None
+        return len(io), None, python_io_us
     base = float(np.median(quiet))
-    return len(io), float(sum(max(t - base, 0.0) for t in io))
+    excess = float(sum(max(r["step_us"] - base, 0.0) for r in io))
+    explained = sum(r["io"] for r in io) >= IO_EXPLAINS * excess
+    return len(io), excess, max(python_io_us, excess) if explained else python_io_us
 
 
 def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
@@ -534,9 +537,7 @@ def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
         out = sum(r["outside"] for r in rs)
         pyt = min(sum(r["py"] for r in rs), out)
         pio = min(sum(r["io"] for r in rs), pyt)
-        n_io, excess = _io_step_excess(rs) if step is None else (0, None)
-        io_in_io_steps = sum(r["io"] for r in rs if r["io"] >= IO_STEP_SHARE * r["step_us"])
-        blocking = max(pio, excess) if excess is not None and io_in_io_steps >= IO_EXPLAINS * excess else pio
+        n_io, excess, blocking = _blocking_io(rs, pio) if step is None else (0, None, pio)
         return UntracedHostTime(
             rank=tr.rank, step=step, window_us=win, outside_ops_us=out, python_us=pyt, untraced_us=out - pyt,
             python_io_us=pio, python_io_ratio=div(pio, win), python_io_share_ratio=div(pio, pyt),

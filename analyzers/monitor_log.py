@@ -347,7 +347,8 @@ def _cpu_fact(rank: int, log: RankLog, s: _Series, run: RunLog) -> MonitorCpu | 
     sleep = max(mean * (1.0 - min(run, 1.0) - rq) - dw, 0.0) if run is not None and rq is not None else None
     own_stall = own
     per_core = wanted_sum / host_usable if wanted_sum is not None and host_usable else None
-    team = threads(log) - int(_sample_median(samples, "children_count") or 0) if threads(log) is not None else None
+    mine = threads(log)
+    team = mine - int(kids_n or 0) if mine is not None else None  # torch threads: the OpenMP team
     # the sleeps are barrier waits only where there is an OpenMP team (more than one torch thread)
     # and the job's own threads outnumber its cores
     if (own is not None and sleep is not None and rq_us and not log.device_s and per_core and per_core > 1.0

@@ -202,6 +202,7 @@ def _confirmed(outcomes: list[Outcome]) -> int:
 
 
 def summarize(outcomes: list[Outcome]) -> dict:
+    high, confirmed = sum(len(o.fixed_high) for o in outcomes), _confirmed(outcomes)
     scored = [o for o in outcomes if not (o.label.get("healthy") or o.label.get("category") == "none")]
     errors = [o.gain_error for o in scored if o.gain_error is not None]
     hits = [o.gain_hit for o in scored if o.gain_hit is not None]
@@ -213,11 +214,11 @@ def summarize(outcomes: list[Outcome]) -> dict:
         "top3": sum(o.top3 for o in scored) / n if n else 0.0,
         # a high finding on a twin whose own fix, timed on the twin, gained CONFIRMED or more found a
         # real problem the twin still has: not a false alarm; every other one is
-        "high_on_twins": sum(len(o.fixed_high) for o in outcomes),
-        "false_alarms": sum(len(o.fixed_high) for o in outcomes) - _confirmed(outcomes),
+        "high_on_twins": high,
+        "false_alarms": high - confirmed,
         "false_alarms_same_cause": sum(o.fixed_residue for o in outcomes),
         "false_alarms_checked": sum(len(o.checked) for o in outcomes),
-        "false_alarms_checked_real": _confirmed(outcomes),
+        "false_alarms_checked_real": confirmed,
         "median_gain_error": statistics.median(errors) if errors else None,
         "gain_hits": f"{sum(hits)}/{len(hits)}",
         "median_run_to_run": statistics.median(spread) if spread else None,

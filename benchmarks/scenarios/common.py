@@ -92,17 +92,6 @@ def small_cnn():
     )
 
 
-def _cpu_model() -> str | None:
-    """The CPU's model name (/proc/cpuinfo): step times differ several-fold between hosts."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
-
-
 def _busy_share(seconds: float = 1.0) -> float | None:
     """Busy share of all CPUs over ``seconds`` (from /proc/stat; None where it is absent)."""
     from hermes_kb.monitor.recorder import system_cpu_jiffies
@@ -204,6 +193,8 @@ def main(name: str, make_run: Callable[[str], Run], label: Label, variants=("bad
     out.mkdir(parents=True, exist_ok=True)
     import torch
 
+    from hermes_kb.cpus import host_cpu
+
     torch.manual_seed(0)
     old = json.loads((out / "label.json").read_text()) if (out / "label.json").is_file() else {}
     quiet: dict[str, dict] = dict(old.get("recording_load", {}))
@@ -243,7 +234,7 @@ def main(name: str, make_run: Callable[[str], Run], label: Label, variants=("bad
         **timing,
         "torch": torch.__version__,
         "machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.system()}",
-        "cpu_model": _cpu_model(),
+        "cpu_model": host_cpu().get("model") or None,  # step times differ several-fold between hosts
         "python": platform.python_version(),
         "recorded": _dt.date.today().isoformat() if not args.no_trace else old.get("recorded"),
         "recording_load": quiet,

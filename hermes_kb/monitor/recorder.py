@@ -27,11 +27,6 @@ from .procs import ProcessSampler, main_thread_ns
 _ENC = json.JSONEncoder(separators=(",", ":"), check_circular=False).encode
 
 
-def _proc_cpu_seconds() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
 def _usage() -> tuple[float, float, int]:
     """(user+system CPU seconds, system CPU seconds, minor page faults) of the whole process: one
     getrusage call, microsecond resolution. Minor faults are pages the kernel had to map (and
@@ -158,7 +153,7 @@ class Monitor:
         self._t_last = time.perf_counter()
         self._usage_last = _usage()
         self._hook_optimizers()
-        self._cpu_last = (time.perf_counter(), _proc_cpu_seconds(), system_cpu_jiffies())
+        self._cpu_last = (time.perf_counter(), self._usage_last[0], system_cpu_jiffies())
 
     def _hook_optimizers(self) -> None:
         """Time every optimizer.step() through torch's global step hooks, when torch is already
@@ -323,7 +318,7 @@ class Monitor:
         out: dict[str, Any] = {}
         self._maybe_device()
         self._hook_optimizers()  # torch imported after start()
-        t, cpu, sys_cpu = time.perf_counter(), _proc_cpu_seconds(), system_cpu_jiffies()
+        t, cpu, sys_cpu = time.perf_counter(), _usage()[0], system_cpu_jiffies()
         rq = main_thread_ns()
         if rq is not None and self._rq_last is not None and t > self._rq_last[0]:
             dt = t - self._rq_last[0]
