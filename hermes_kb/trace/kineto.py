@@ -29,6 +29,7 @@ from . import kineto_frames as kf
 from . import kineto_joins as kj
 from . import kineto_schema as ks
 from .bundle import RankTrace, TraceMeta
+from .names import is_profiler_scope
 
 try:
     from isal import isal_zlib as _zlib
@@ -38,7 +39,8 @@ except ImportError:  # pragma: no cover - isal has wheels for the common platfor
 CHUNK = 16384
 SPLIT_MIN_EVENTS = 50_000
 
-# Kineto categories, lower-cased (2021 traces capitalise them: "Kernel", "Runtime", ...).
+# Kineto categories, lower-cased (2021 traces capitalise them: "Kernel", "Runtime", ...; their
+# flows are "async" launch pairs). docs/trace_bundle.md "Kineto schema eras" lists what differs.
 ROUTES = {
     "cpu_op": "cpu_ops", "operator": "cpu_ops",
     "python_function": "python", "python": "python",
@@ -50,7 +52,8 @@ ROUTES = {
     "gpu_memset": "memset", "memset": "memset",
     "cuda_sync": "syncs",
     "cpu_instant_event": "memory",
-    "ac2g": "flows", "async_cpu_to_gpu": "flows", "fwdbwd": "flows", "forward_backward": "flows",
+    "ac2g": "flows", "async_cpu_to_gpu": "flows", "async": "flows",
+    "fwdbwd": "flows", "forward_backward": "flows",
 }  # fmt: skip
 TIMED = ("cpu_ops", "python", "annotations", "gpu_annotations", "kernels", "runtime", "memcpy", "syncs")
 
@@ -139,11 +142,7 @@ class _Builders:
     def add(self, events: list[ks.Event]) -> None:
         for cat, evs in _by_category(events):
             if not cat:
-                meta = [e for e in evs if e.ph == "M"]
-                self.meta_events.extend(meta)
-                self.counts["metadata"] += len(meta)
-                if len(evs) > len(meta):
-                    self.counts["other"] += len(evs) - len(meta)
+                self._add_uncategorised(evs)
                 continue
             self.counts[cat] += len(evs)
             route = ROUTES.get(cat.lower())
@@ -155,9 +154,23 @@ class _Builders:
                 self.flows.add(evs)
             elif route == "memory":
                 self.memory.add(evs)
+            elif route == "cpu_ops" and cat != "cpu_op":
+                # PyTorch 1.8-1.9 ("Operator"): no user_annotation category yet, the step, DataLoader
+                # and optimizer scopes are ops; left there, a ProfilerStep at depth 0 holds every op
+                ops, scopes = _split_scopes([e for e in evs if e.ph == "X"])
+                self.cpu_ops.add(ops)
+                self.annotations.add(scopes)
             else:
                 getattr(self, route).add([e for e in evs if e.ph == "X"])
 
+    def _add_uncategorised(self, evs: list[ks.Event]) -> None:
+        meta = [e for e in evs if e.ph == "M"]
+        self.meta_events.extend(meta)
+        self.counts["metadata"] += len(meta)
+        if len(evs) > len(meta):
+            self.counts["other"] += len(evs) - len(meta)
+            # PyTorch 1.8-1.9 write the [memory] instants without a category (later cpu_instant_event)
+            self.memory.add([e for e in evs if e.ph == "i" and e.name == "[memory]"])
 
     def merge(self, other: _Builders) -> None:
         for name in ("cpu_ops", "python", "annotations", "gpu_annotations", "kernels", "runtime", "memcpy", "syncs",
@@ -169,6 +182,7 @@ class _Builders:
 
 
 _CAT = attrgetter("cat")
+_NAME = attrgetter("name")
 
 
 def _by_category(events: list[ks.Event]) -> list[tuple[str, list[ks.Event]]]:
@@ -182,6 +196,18 @@ def _by_category(events: list[ks.Event]) -> list[tuple[str, list[ks.Event]]]:
         idx = order[bounds[c] : bounds[c + 1]].tolist()
         out.append((cat, list(itemgetter(*idx)(events)) if len(idx) > 1 else [events[idx[0]]]))
     return out
+
+
+def _split_scopes(events: list[ks.Event]) -> tuple[list[ks.Event], list[ks.Event]]:
+    """(ops, record_function scopes) of a chunk of Operator events, classified per distinct name."""
+    scopes = {n for n in set(map(_NAME, events)) if is_profiler_scope(n)}
+    if not scopes:
+        return events, []
+    ops: list[ks.Event] = []
+    found: list[ks.Event] = []
+    for e in events:
+        (found if e.name in scopes else ops).append(e)
+    return ops, found
 
 
 def _build(raws: list[msgspec.Raw], lo: int, hi: int, path: str) -> _Builders:

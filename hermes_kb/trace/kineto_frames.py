@@ -34,6 +34,14 @@ def streams_of(args: list, events: list[ks.Event]) -> np.ndarray:
     return streams([a.stream for a in args], [e.tid for e in events])
 
 
+def ext_ids_of(args: list) -> np.ndarray:
+    """External id, else its PyTorch 1.8-1.9 spelling "external id" (device and runtime events)."""
+    ext = ints_of(args, "ext_id")
+    if len(ext) and ext.min() < 0:
+        ext = np.where(ext >= 0, ext, ints_of(args, "ext_id_2021"))
+    return ext
+
+
 def decode_args(events: list[ks.Event], typ: type, path: str, what: str) -> list[Any]:
     joined = b"[" + b",".join([e.args for e in events]) + b"]"
     try:
@@ -233,7 +241,7 @@ class Kernels(FrameBuilder):
             "device": ids([a.device if a.device >= 0 else e.pid for a, e in zip(args, events)]),
             "stream": streams_of(args, events),
             "correlation": ints_of(args, "correlation"),
-            "ext_id": ints_of(args, "ext_id"),
+            "ext_id": ext_ids_of(args),
             "grid_x": grid[:, 0],
             "grid_y": grid[:, 1],
             "grid_z": grid[:, 2],
@@ -262,7 +270,7 @@ class Runtime(FrameBuilder):
         return {
             "tid": ids_of(events, "tid"),
             "correlation": ints_of(args, "correlation"),
-            "ext_id": ints_of(args, "ext_id"),
+            "ext_id": ext_ids_of(args),
             "cbid": ints_of(args, "cbid"),
             "driver": np.full(len(events), "driver" in events[0].cat.lower()),  # one category per chunk bucket
         }
@@ -307,7 +315,7 @@ class Memcpy(FrameBuilder):
             "device": ids([a.device if a.device >= 0 else e.pid for a, e in zip(args, events)]),
             "stream": streams_of(args, events),
             "correlation": ints_of(args, "correlation"),
-            "ext_id": ints_of(args, "ext_id"),
+            "ext_id": ext_ids_of(args),
             "bytes": ints_of(args, "bytes"),
             "bandwidth_gbps": floats_of(args, "bandwidth"),
         }

@@ -4,6 +4,8 @@ The whole file is decoded once into ``KinetoFile`` with each event's ``args`` le
 args are decoded afterwards only for the categories that need them, with a struct per
 category, so the decoder never builds a dict per event. Field types are unions where real
 traces disagree (``tid`` is ``"stream 7"`` in some, timestamps are float in newer traces).
+PyTorch 1.8-1.9 spell the device and runtime events' link key ``"external id"``: a second field
+(``ext_id_2021``) holds it and the builders coalesce the two (a struct field has one name).
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ class AnnotationArgs(msgspec.Struct, gc=False):
 
 class KernelArgs(CollectiveArgs, gc=False):
     ext_id: int = field(default=-1, name="External id")
+    ext_id_2021: int = field(default=-1, name="external id")
     correlation: int = -1
     device: int = -1
     stream: int | str = -1
@@ -102,6 +105,7 @@ class KernelArgs(CollectiveArgs, gc=False):
 
 class RuntimeArgs(msgspec.Struct, gc=False):
     ext_id: int = field(default=-1, name="External id")
+    ext_id_2021: int = field(default=-1, name="external id")
     correlation: int = -1
     cbid: int = -1
     stream: int | str | None = None
@@ -109,6 +113,7 @@ class RuntimeArgs(msgspec.Struct, gc=False):
 
 class MemcpyArgs(msgspec.Struct, gc=False):
     ext_id: int = field(default=-1, name="External id")
+    ext_id_2021: int = field(default=-1, name="external id")
     correlation: int = -1
     device: int = -1
     stream: int | str = -1

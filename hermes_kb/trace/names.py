@@ -65,6 +65,12 @@ def annotation_kind(name: str) -> tuple[str, int]:
     return "other", -1
 
 
+def is_profiler_scope(name: str) -> bool:
+    """ProfilerStep#N, enumerate(DataLoader)#... or Optimizer.step/zero_grad#...: the scopes the
+    profiler and PyTorch itself open with record_function."""
+    return annotation_kind(name)[0] != "other"
+
+
 _MEMCPY_RE = re.compile(r"Mem(?:cpy|set)\s*(\w+)?\s*(?:\((\w+)\s*(?:->\s*(\w+))?\))?", re.IGNORECASE)
 
 
