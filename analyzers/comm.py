@@ -33,6 +33,7 @@ from hermes_kb.facts.comm import CommStats, CommSummary, CommSyncWait
 
 from . import intervals as iv
 from .context import RankContext
+from .whatif_sets import WhatIfSet, register
 
 MIB = 1024 * 1024
 SMALL_MESSAGE_BYTES = 32 * MIB  # paper (HERMES_NOTES, Communication): 32 MB small-packet threshold
@@ -279,6 +280,7 @@ def per_rank(ctx: RankContext) -> list:
     cu = compute_union(ctx)
     ts, end, dur = df["ts"].to_numpy(float), df["end"].to_numpy(float), df["dur"].to_numpy(float)
     is_kernel = df["source"].to_numpy() == "kernel"
+    _register(ctx, df, is_kernel)
     exposed = np.where(is_kernel, dur - iv.overlap_length(ts, end, cu), np.nan)
     size = df["msg_bytes"].to_numpy()
     sized = size >= 0
@@ -413,6 +415,22 @@ def per_rank(ctx: RankContext) -> list:
         )
     facts.append(_summary(ctx, df, cu, device))
     return facts
+
+
+def _register(ctx: RankContext, df: pd.DataFrame, is_kernel: np.ndarray) -> None:
+    """What-if set of the collectives: their kernels, or on a CPU-only rank the host time of the
+    op that ran them (gloo)."""
+    kidx = df["kernel_idx"].to_numpy(np.int64)[is_kernel]
+    kidx = kidx[(kidx >= 0) & (kidx < len(ctx.trace.kernels))]
+    c = ctx.trace.collectives
+    ops = ctx.trace.cpu_ops
+    host = (c["source"].to_numpy() != "kernel") & (c["cpu_idx"].to_numpy() >= 0) if len(c) else np.zeros(0, bool)
+    rows = c["cpu_idx"].to_numpy(np.int64)[host] if len(c) else np.zeros(0, np.int64)
+    rows = rows[rows < len(ops)]
+    if len(kidx) or len(rows):
+        register(ctx, WhatIfSet("communication", "the collectives (their kernels, or their host ops without a device)",
+                                ops["tid"].to_numpy(np.int64)[rows], c["ts"].to_numpy(float)[host][:len(rows)],
+                                c["end"].to_numpy(float)[host][:len(rows)], kernels=kidx))  # fmt: skip
 
 
 def _ratio(a: float, b: float) -> float:

@@ -40,6 +40,7 @@ from hermes_kb.facts.compute import (
 from . import intervals as iv
 from .context import RankContext
 from .dispatch import ops_in_optimizer
+from .whatif_sets import WhatIfSet, register
 from .flops import ELEMENTWISE_OPS, FLOAT_RANK, is_recognised, op_cost, shape_signature
 
 # --- parameters (docs/analysis/compute.md says where each comes from) -----------------------
@@ -514,16 +515,27 @@ def _ascend_classes(frame: pd.DataFrame, table: np.ndarray, name_codes: np.ndarr
     return cls[inv.reshape(-1)]
 
 
+def _register_device(ctx: RankContext, name: str, description: str, act: _Acts) -> None:
+    if len(act):
+        register(ctx, WhatIfSet(name, description, kernels=act.row[act.kernel], memcpy=act.row[~act.kernel]))
+
+
 def _class_facts(ctx: RankContext, act: _Acts) -> list[Fact]:
     total = float(act.dur.sum())
     win = _windows(ctx)
     wtot = ctx.windows_us
     out: list[Fact] = []
+    comm = _CLS_INDEX["communication"]
+    _register_device(ctx, "device_compute", "every device activity but collectives", act.take(act.cls != comm))
+    _register_device(ctx, "fusable", "element-wise, reduction and normalisation kernels",
+                     act.take(np.isin(act.cls, [_CLS_INDEX[c] for c in FUSION_CLASSES])))
     for ci, c in enumerate(CLASSES):
         m = act.cls == ci
         n = int(m.sum())
         if not n:
             continue
+        if c != "communication":  # the comm analyzer's set holds the collectives
+            _register_device(ctx, f"class:{c}", f"{c} kernels", act.take(m))
         busy = iv.length(iv.intersect(iv.union(act.ts[m], act.end[m]), win))
         t = float(act.dur[m].sum())
         nk = int((m & act.kernel).sum())
@@ -567,11 +579,17 @@ def _cpu_class_facts(ctx: RankContext) -> list[Fact]:
     total = float(st.sum())
     wtot = ctx.windows_us
     out: list[Fact] = []
+    rows = np.flatnonzero(m)
+    otid, ots, oend = (ops[c].to_numpy() for c in ("tid", "ts", "end"))
     for ci, c in enumerate(CLASSES):
         sel = cls == ci
         n = int(sel.sum())
         if not n:
             continue
+        r = rows[sel & ~opt]
+        if len(r):  # the operators' own intervals (children of another class included: an approximation)
+            register(ctx, WhatIfSet.of_intervals(f"class:{c}", f"{c} operators on the CPU (outside the optimizer)",
+                                                 otid[r], ots[r], oend[r]))  # fmt: skip
         t = float(st[sel].sum())
         t_opt = float(st[sel & opt].sum())
         out.append(KernelClassShare(
@@ -630,6 +648,8 @@ def _tensor_cores(ctx: RankContext, k: _Acts) -> tuple[list[Fact], bool]:
     tc = float(dur[kind == "tensor"].sum())
     notc = float(dur[kind == "no_tensor"].sum())
     sel = (kind == "no_tensor") & fp32
+    _register_device(ctx, "fp32_gemm", "FP32 GEMM kernels on CUDA cores (no tensor cores)", mm.take(sel & gemm))
+    _register_device(ctx, "fp32_conv", "FP32 convolution kernels on CUDA cores (no tensor cores)", mm.take(sel & ~gemm))
     fp32_notc_g = float(dur[gemm & sel].sum())
     fp32_notc_all = float(dur[sel].sum())
     fp32_tc = float(dur[fp32 & tf32 & (kind == "tensor")].sum())
@@ -837,8 +857,9 @@ def _outermost_recognised(parent: np.ndarray, depth_max: int, rec: np.ndarray) -
 def _launching_op(tr, ops: pd.DataFrame, krow: np.ndarray) -> np.ndarray:
     """cpu_ops row that launched each kernel (rows of tr.kernels); -1 when unknown.
 
-    The kernel's External id names the operator that launched it; where it matches no cpu op (old
-    traces number them differently), the innermost op enclosing the launch call on its thread."""
+    The kernel's External id names the operator that launched it when that operator encloses the
+    launch call on its thread; elsewhere (traces of 2022-early 2024 write the correlation id there,
+    which can collide with an unrelated op's id) the innermost op enclosing the launch call."""
     res = np.full(len(krow), -1, dtype=np.int64)
     if not len(krow) or not len(ops):
         return res
@@ -852,16 +873,27 @@ def _launching_op(tr, ops: pd.DataFrame, krow: np.ndarray) -> np.ndarray:
     pos = idx.get_indexer(ext_k)
     hit = (pos >= 0) & (ext_k >= 0)
     res[hit] = valid[pos[hit]]
-    miss = np.flatnonzero(~hit)
     links = tr.links
-    if len(miss) and len(links):
-        lk = links[links["gpu_kind"] == "kernel"]
-        lpos = pd.Index(lk["gpu_idx"].to_numpy()).get_indexer(krow[miss])
+    lk = links[links["gpu_kind"] == "kernel"] if len(links) else links
+    lpos = pd.Index(lk["gpu_idx"].to_numpy()).get_indexer(krow) if len(lk) else np.full(len(krow), -1)
+    if len(lk):
+        # a match by id counts only when the op holds the launch call (same thread, in its span)
+        chk = np.flatnonzero(hit & (lpos >= 0))
+        ri = lk["runtime_idx"].to_numpy(np.int64)[lpos[chk]]  # the runtime frame is on the bundle's clock
+        lts = tr.runtime["ts"].to_numpy()[ri]
+        ltid = tr.runtime["tid"].to_numpy()[ri]
+        r = res[chk]
+        ok = ((ops["tid"].to_numpy()[r] == ltid) & (ops["ts"].to_numpy()[r] <= lts + 1e-3)
+              & (ops["end"].to_numpy()[r] >= lts - 1e-3))  # fmt: skip
+        res[chk[~ok]] = -1
+        hit[chk[~ok]] = False
+    miss = np.flatnonzero(~hit)
+    if len(miss) and len(lk):
+        lpos = lpos[miss]
         has = lpos >= 0
         if has.any():
-            lts = lk["launch_ts"].to_numpy()[lpos[has]]
-            ltid = lk["launch_tid"].to_numpy()[lpos[has]]
-            res[miss[has]] = _enclosing(ops, lts, ltid)
+            ri = lk["runtime_idx"].to_numpy(np.int64)[lpos[has]]
+            res[miss[has]] = _enclosing(ops, tr.runtime["ts"].to_numpy()[ri], tr.runtime["tid"].to_numpy()[ri])
     return res
 
 

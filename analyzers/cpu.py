@@ -25,12 +25,14 @@ from hermes_kb.facts.cpu import Compilation, GcPauses, HostDeviceBusy, HostSync,
 
 from . import intervals as iv
 from .context import RankContext
+from .whatif_sets import WhatIfSet, register
 from .io import (
     GC_NAME,
     div,
     host_tids,
     host_window_arrays,
     memcpy_runtime,
+    main_tid,
     name_is,
     name_mask,
     on_tids,
@@ -270,13 +272,11 @@ def _enclosing_op(ops: pd.DataFrame, tid: np.ndarray, ts: np.ndarray, end: np.nd
     return out
 
 
-def _sync_sources(ctx: RankContext, calls: np.ndarray) -> list[SyncSource]:
-    """Ops behind the given runtime rows: walk from the call's External id to its cpu op, then
-    up the op tree; the outermost op of SYNC_OPS names the cause."""
+def _sync_causes(ctx: RankContext, calls: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per runtime row: the op behind it (walk from the call's External id to its cpu op, then up
+    the op tree; the outermost op of SYNC_OPS names the cause) and the outermost op around it."""
     tr = ctx.trace
     rt, ops = tr.runtime, tr.cpu_ops
-    if not len(calls):
-        return []
     n = len(calls)
     dur = rt["dur"].to_numpy()[calls]
     cause = np.full(n, "(no op)", dtype=object)
@@ -340,6 +340,14 @@ def _sync_sources(ctx: RankContext, calls: np.ndarray) -> list[SyncSource]:
             m = np.flatnonzero((ptid == t) & (pts <= a) & (pend >= b) & not_gc)
             if len(m):
                 outer[j] = f"(python) {py['name'].iat[m[np.argmax(pts[m])]]}"
+    return cause, outer
+
+
+def _sync_sources(ctx: RankContext, calls: np.ndarray, cause: np.ndarray, outer: np.ndarray) -> list[SyncSource]:
+    """The ops behind the given runtime rows, by host time."""
+    if not len(calls):
+        return []
+    dur = ctx.trace.runtime["dur"].to_numpy()[calls]
     df = pd.DataFrame({"op": cause, "outer": outer, "dur": dur})
     g = (
         df.groupby(["op", "outer"], sort=False)["dur"]
@@ -417,9 +425,26 @@ def _sync(ctx: RankContext) -> list[Fact]:
     active = {int(s): float(su[i] + bu[i]) for i, s in enumerate(steps) if sc[i] + bc[i] + dc[i] + ec[i] > 0}
     keep = pick_steps(active)
     facts: list[Fact] = [make(np.array([i]), int(s), []) for i, s in enumerate(steps) if int(s) in keep]
-    sources = _sync_sources(ctx, np.concatenate([rows_sync, blk_rows]))
-    facts.append(make(np.arange(n), None, sources))
+    calls = np.concatenate([rows_sync, blk_rows])
+    cause, outer = _sync_causes(ctx, calls)
+    _register_syncs(ctx, calls, cause)
+    facts.append(make(np.arange(n), None, _sync_sources(ctx, calls, cause, outer)))
     return facts
+
+
+def _register_syncs(ctx: RankContext, calls: np.ndarray, cause: np.ndarray) -> None:
+    """What-if sets of the synchronising calls: removing one removes its wait. Implicit: behind an
+    op that reads device data back (.item(), .cpu(), nonzero...); explicit: the others."""
+    if not len(calls):
+        return
+    rt = ctx.trace.runtime
+    tid, ts, end = (rt[c].to_numpy()[calls] for c in ("tid", "ts", "end"))
+    implicit = np.isin(cause.astype(str), list(SYNC_OPS))
+    for name, m, what in (("implicit_syncs", implicit, "device-to-host reads that wait for the device"),
+                          ("explicit_syncs", ~implicit, "synchronize calls that wait for the device"),
+                          ("syncs", np.ones(len(calls), dtype=bool), "every call that waits for the device")):
+        if m.any():
+            register(ctx, WhatIfSet.of_intervals(name, what, tid[m], ts[m], end[m], drop_waits=True))
 
 
 # ---------------------------------------------------------------- garbage collection
@@ -434,6 +459,8 @@ def _gc(ctx: RankContext) -> list[Fact]:
     if not gm.any():
         return []
     ts, dur = py["ts"].to_numpy()[gm], py["dur"].to_numpy()[gm]
+    register(ctx, WhatIfSet.of_intervals("gc", "Python garbage collection pauses", py["tid"].to_numpy(np.int64)[gm],
+                                         ts, ts + dur))  # fmt: skip
     st = ctx.step_of(ts)
     ok = st >= 0
     if not ok.any():
@@ -514,6 +541,9 @@ def _compilation(ctx: RankContext) -> list[Fact]:
     steps = np.array([w.step for w in ctx.windows])
     C, A, R = iv.union(c_s, c_e), iv.union(a_s, a_e), iv.union(r_s, r_e)
     CA = iv.union(np.concatenate([C[0], A[0]]), np.concatenate([C[1], A[1]]))
+    tid = main_tid(tr)
+    if tid is not None and len(CA[0]):
+        register(ctx, WhatIfSet.of_intervals("compile", "compilation and autotuning on the host", tid, CA[0], CA[1]))
     cu, au, ru, cau = (iv.overlap_length(ws, we, x) for x in (C, A, R, CA))
 
     def blocks(x: iv.Intervals) -> np.ndarray:
@@ -573,6 +603,36 @@ def _compilation(ctx: RankContext) -> list[Fact]:
     return facts
 
 
+def _register_host_work(ctx: RankContext, host: iv.Intervals, tids: np.ndarray) -> None:
+    """The host work that issues device work: operators and runtime calls on the threads that
+    launch, outside synchronising waits and the DataLoader (sets ``host_work`` and ``launch_calls``)."""
+    tr = ctx.trace
+    rt = tr.runtime
+    if not len(rt) or not (len(tr.kernels) or len(tr.memcpy)):
+        return
+    launch = rt["kind"].isin(["launch", "graph_launch"]).to_numpy()
+    if not launch.any():
+        return
+    rtid = rt["tid"].to_numpy(np.int64)
+    register(ctx, WhatIfSet.of_intervals("launch_calls", "kernel and graph launch calls", rtid[launch],
+                                         rt["ts"].to_numpy()[launch], rt["end"].to_numpy()[launch]))  # fmt: skip
+    ltids = np.intersect1d(np.unique(rtid[launch]), tids)
+    ops = tr.cpu_ops
+    ann = tr.annotations
+    dl = ann[(ann["kind"] == "dataloader").to_numpy()] if len(ann) else ann
+    DL = iv.union(dl["ts"].to_numpy(), dl["end"].to_numpy()) if len(dl) else iv.EMPTY
+    blocked = _blocked_union(tr, tids)
+    for t in ltids:
+        om = (ops["tid"].to_numpy() == t) & (ops["depth"].to_numpy() == 0) if len(ops) else np.zeros(0, bool)
+        rm = (rtid == t) & (rt["kind"] != "sync").to_numpy()
+        w = iv.union(np.concatenate([ops["ts"].to_numpy()[om], rt["ts"].to_numpy()[rm]]),
+                     np.concatenate([ops["end"].to_numpy()[om], rt["end"].to_numpy()[rm]]))  # fmt: skip
+        w = iv.subtract(iv.subtract(w, blocked), DL)
+        if len(w[0]):
+            register(ctx, WhatIfSet.of_intervals("host_work", "operators and runtime calls on the launching threads "
+                                                 "(no syncs, no DataLoader)", int(t), w[0], w[1]))  # fmt: skip
+
+
 # ---------------------------------------------------------------- entry point
 
 
@@ -584,6 +644,7 @@ def per_rank(ctx: RankContext) -> list[Fact]:
     has_ops = bool(len(tr.cpu_ops))
     host = iv.subtract(top_ops_union(tr, tids), _blocked_union(tr, tids))
     device = _device_union(ctx)
+    _register_host_work(ctx, host, tids)
     facts: list[Fact] = []
     facts.extend(_launch(ctx, host, has_ops))
     if has_ops:

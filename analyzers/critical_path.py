@@ -43,6 +43,7 @@ from hermes_kb.facts.base import Evidence, Fact
 from hermes_kb.facts.critical_path import CriticalPath, CriticalPathOp, CriticalPathStep
 
 from .context import RankContext
+from .cpu import SYNC_OPS
 
 CATEGORIES = (
     "cpu_op", "host_gap", "launch", "runtime", "sync_wait", "kernel", "communication", "memcpy", "device_idle"
@@ -88,6 +89,12 @@ class Graph:
     n_host: int
     names: list[str]
     edges: dict[str, int]
+    # every candidate predecessor, kept for the what-if simulation (analyzers/whatif.py); -1 = none
+    lane_prev: np.ndarray  # thread order (host) / stream order (device)
+    launch: np.ndarray  # device node <- host segment holding the start of its launch call
+    join: np.ndarray  # host gap or thread's first segment <- another thread's segment
+    wait: np.ndarray  # host segment ending a sync <- device node; device node <- other stream's node
+    launch_ts: np.ndarray  # start of the launching runtime call (device nodes; NaN when unlinked)
 
 
 class _Keyer:
@@ -200,7 +207,8 @@ def _last_le(sorted_key: np.ndarray, q: np.ndarray) -> np.ndarray:
 def build_graph(ctx: RankContext) -> Graph:
     tr = ctx.trace
     rt, kn, mc, links, coll = tr.runtime, tr.kernels, tr.memcpy, tr.links, tr.collectives
-    edges = {"thread": 0, "stream": 0, "launch": 0, "sync": 0, "event_wait": 0, "device_join": 0, "join": 0}
+    edges = {"thread": 0, "stream": 0, "launch": 0, "sync": 0, "event_wait": 0, "device_join": 0, "join": 0,
+             "blocking_op": 0, "host_release": 0}
     names = _Names()
     cpu = tr.cpu_ops
     top = cpu["depth"].to_numpy() == 0 if len(cpu) else np.zeros(0, dtype=bool)
@@ -312,8 +320,15 @@ def build_graph(ctx: RankContext) -> Graph:
 
     # ---- elementary pieces of each thread's timeline, merged into segments ----------------------
     n_sp = int(has_split.sum())
-    p_code = np.concatenate([o_gc, o_gc, r_gc, r_gc, r_gc[has_split], a_code, a_code])
-    p_t = np.concatenate([o_gs, o_ge, r_gs, r_ge, split_t[has_split], a_s, a_e])
+    # the driving thread's time is cut at every step start, so that a stretch of host time at a
+    # step's end (a log flush, a checkpoint) belongs to that step and not to the next one
+    mt = main_tid(ctx)
+    b_t = np.array([w.start_us for w in ctx.windows] + [ctx.windows[-1].cpu_end_us], dtype=np.float64) \
+        if (mt in tids and ctx.windows) else np.zeros(0)  # fmt: skip
+    b_code = np.full(len(b_t), int(np.searchsorted(tids, mt)) if len(b_t) else 0, dtype=np.int64)
+    n_sp += len(b_t)
+    p_code = np.concatenate([o_gc, o_gc, r_gc, r_gc, r_gc[has_split], b_code, a_code, a_code])
+    p_t = np.concatenate([o_gs, o_ge, r_gs, r_ge, split_t[has_split], b_t, a_s, a_e])
     # +1 / -1 where a top-level op group (o_*) or runtime group (r_*) opens / closes, and the group
     # index at its opening: after sorting, a running sum says whether a group is open and a running
     # max which one (groups are disjoint per thread and numbered in key order)
@@ -347,6 +362,8 @@ def build_graph(ctx: RankContext) -> Graph:
     label = np.where(ri >= 0, 2 * ri + part, np.where(oi >= 0, 2 * nR + oi, -2 - ai))
     new = np.ones(len(label), dtype=bool)
     new[1:] = (label[1:] != label[:-1]) | (e_code[1:] != e_code[:-1]) | (e_s[1:] != e_e[:-1])
+    if len(b_t):
+        new |= np.isin(key(e_code, e_s), key(b_code, b_t))
     first = np.flatnonzero(new)
     last = np.append(first[1:] - 1, len(label) - 1) if len(first) else first
     s_start, s_end, s_code = e_s[first], e_e[last], e_code[first]
@@ -398,6 +415,7 @@ def build_graph(ctx: RankContext) -> Graph:
         comm |= nccl[kc.cat.codes.to_numpy()]
         d_cat[:nK][comm] = COMM
     d_launch = np.full(nD, -1, dtype=np.int64)
+    d_launch_ts = np.full(nD, np.nan)
     d_member = d_start.copy()
     d_op = np.zeros(nD, dtype=np.int64)
     if len(l_dev):
@@ -405,6 +423,7 @@ def build_graph(ctx: RankContext) -> Graph:
         ok = seg >= 0
         d_launch[l_dev[ok]] = seg[ok]
         d_member[l_dev[ok]] = r_gs[l_grp[ok]]
+        d_launch_ts[l_dev[ok]] = r_gs[l_grp[ok]]
         d_op[l_dev[ok]] = s_opname[seg[ok]]
     edges["launch"] = int((d_launch >= 0).sum())
 
@@ -520,6 +539,18 @@ def build_graph(ctx: RankContext) -> Graph:
             ok = dst >= 0
             sync_dst.append(dst[ok])
             sync_src.append(blk_dev[ok])
+        if not nR and nO:
+            # recorded without runtime calls (Ascend level 0): an operator that blocks on the device
+            # (aten::item, a device-to-host copy) waited for the latest device activity that ended
+            # while it ran
+            blocking = np.array([n in SYNC_OPS for n in names.names], dtype=bool)
+            cand = np.flatnonzero(is_op & blocking[s_name])
+            if len(cand):
+                src = last_any(s_end[cand])
+                ok = (src >= 0) & (d_end[np.clip(src, 0, None)] > s_start[cand])
+                sync_dst.append(cand[ok])
+                sync_src.append(src[ok])
+                edges["blocking_op"] = int(ok.sum())
 
     # ---- join edges: a gap (or a thread's first segment) released by another thread's op that
     # ended inside the gap close to its end (or just before the first segment started) ----------
@@ -555,6 +586,21 @@ def build_graph(ctx: RankContext) -> Graph:
             if off == 0:
                 edges["sync"] = int(lastm.sum())
 
+    if nD and nS and not edges["launch"]:
+        # recorded without launch links (Ascend level 0): a device activity nothing on the device
+        # released (no event wait; its stream predecessor, if any, ended well before it started) was
+        # released by the host: the latest host operator piece that ended before it started
+        dn = np.arange(nD)
+        sp_end = np.where(stream_prev >= 0, d_end[np.clip(stream_prev, 0, None)], -np.inf)
+        orphan = dn[(wait[nS:] < 0) & (d_start - sp_end > DEVICE_JOIN_TOL_US)]
+        hs = np.flatnonzero((s_cat == CPU_OP) | (s_cat == COMM))
+        if len(orphan) and len(hs):
+            hs = hs[np.argsort(s_end[hs], kind="stable")]
+            i = _last_le(s_end[hs], d_start[orphan])
+            ok = i >= 0
+            wait[nS + orphan[ok]] = hs[i[ok]]
+            edges["host_release"] = int(ok.sum())
+
     # ---- predecessor = the candidate that finished last (ties: thread / stream order) ------------
     pred = np.full(N, -1, dtype=np.int64)
     pred[:nS] = thread_prev
@@ -585,6 +631,11 @@ def build_graph(ctx: RankContext) -> Graph:
         n_host=nS,
         names=names.names,
         edges=edges,
+        lane_prev=np.concatenate([thread_prev, np.where(stream_prev >= 0, stream_prev + nS, -1)]),
+        launch=np.concatenate([np.full(nS, -1, np.int64), d_launch]),
+        join=np.concatenate([join, np.full(nD, -1, np.int64)]),
+        wait=wait,
+        launch_ts=np.concatenate([np.full(nS, np.nan), d_launch_ts]),
     )
 
 
@@ -636,6 +687,7 @@ class Segments:
     op: np.ndarray  # name ids
     inst: np.ndarray
     host: np.ndarray  # bool: a host-thread segment (labelled by its enclosing op in top_ops)
+    node: np.ndarray  # graph node of the segment; -1 for the idle / gap pieces between nodes
 
     def __len__(self) -> int:
         return len(self.start)
@@ -646,7 +698,7 @@ class Segments:
 
     @staticmethod
     def concat(parts: list[Segments]) -> Segments:
-        fields = ("start", "end", "cat", "name", "op", "inst", "host")
+        fields = ("start", "end", "cat", "name", "op", "inst", "host", "node")
         return Segments(*(np.concatenate([getattr(p, f) for p in parts]) for f in fields))
 
     def frame(self, names: pd.CategoricalDtype) -> pd.DataFrame:
@@ -678,6 +730,7 @@ def path_segments(g: Graph, path: np.ndarray, lo: float) -> Segments:
     s, e = np.minimum(np.maximum(st, nxt), E), E
     cat, nm, op, inst = g.cat[rev], g.name[rev], g.op[rev], g.inst[rev]
     host = rev < g.n_host
+    node = rev.copy()
     gi = np.flatnonzero(gap)
     if len(gi):
         dev = _IS_DEVICE[cat[gi]]
@@ -688,8 +741,9 @@ def path_segments(g: Graph, path: np.ndarray, lo: float) -> Segments:
         op = np.insert(op, gi, op[gi])
         inst = np.insert(inst, gi, -1)
         host = np.insert(host, gi, ~dev)
+        node = np.insert(node, gi, -1)
     keep = e > s
-    return Segments(s[keep], e[keep], cat[keep], nm[keep], op[keep], inst[keep], host[keep])
+    return Segments(s[keep], e[keep], cat[keep], nm[keep], op[keep], inst[keep], host[keep], node[keep])
 
 
 def _shares(seg: Segments) -> dict:
@@ -770,9 +824,14 @@ def per_rank(ctx: RankContext) -> list[Fact]:
     if not N:
         return []
     mt = main_tid(ctx)
+    ctx.shared["graph"] = g
+    ctx.shared["main_tid"] = mt
+    path_nodes: dict[int, Segments] = {}
+    ctx.shared["critical_segments"] = path_nodes
     nS = g.n_host
     eligible = np.ones(N, dtype=bool)
-    eligible[:nS] = (g.tid[:nS] == mt) & ~g.is_gap[:nS]
+    # the driving thread's segments, its host time between operators included (cut at step starts)
+    eligible[:nS] = g.tid[:nS] == mt
     if not eligible[:nS].any():
         eligible[:nS] = ~g.is_gap[:nS]  # no main thread found: any thread's traced events
     el = np.flatnonzero(eligible)
@@ -791,6 +850,7 @@ def per_rank(ctx: RankContext) -> list[Fact]:
         if not len(seg):
             continue
         shared[w.step] = seg.frame(names_dtype)
+        path_nodes[w.step] = seg
         vals = _shares(seg)
         top = _top_ops(seg, g.names, vals["path_length_us"])
         p_end = float(seg.end[-1])

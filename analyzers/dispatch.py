@@ -25,6 +25,7 @@ from hermes_kb.facts.cpu import OperatorDispatch, OptimizerStep
 
 from .context import RankContext
 from .io import div, main_tid
+from .whatif_sets import WhatIfSet, register
 
 # 4096 elements is a few microseconds of arithmetic at most, about what PyTorch's Python binding,
 # dispatcher and autograd bookkeeping cost per call on a CPU core
@@ -101,6 +102,11 @@ def _dispatch(ctx: RankContext) -> list[Fact]:
     gaps = np.clip(ts[1:] - end[:-1], 0.0, GAP_CAP_US)
     small_us = float((end - ts)[small].sum())
     between = float(gaps[pair].sum())
+    if small.any():
+        gs, ge = end[:-1][pair], end[:-1][pair] + gaps[pair]
+        register(ctx, WhatIfSet.of_intervals(
+            "tiny_ops", f"operators on at most {SMALL_ELEMENTS} elements and the host time between consecutive ones",
+            tid, np.concatenate([ts[small], gs]), np.concatenate([end[small], ge])))  # fmt: skip
     n_small = int(small.sum())
     window = ctx.windows_us
     names = ops["name"].to_numpy()[sel][small]
@@ -163,6 +169,7 @@ def _optimizer(ctx: RankContext) -> list[Fact]:
     ops = tr.cpu_ops
     inside = ops_in_optimizer(ctx)
     op_names = ops["name"].to_numpy()[inside].astype(str) if inside.any() else np.array([], dtype=str)
+    _register_optimizer(ctx, calls)
     impl = ("fused" if any("_fused_" in n for n in op_names)
             else "foreach" if any("_foreach_" in n for n in op_names) else "for_loop")  # fmt: skip
     top_level = int((inside & (ops["depth"].to_numpy() == 0)).sum()) if len(ops) else 0
@@ -179,6 +186,32 @@ def _optimizer(ctx: RankContext) -> list[Fact]:
             events=[str(calls["name"].iloc[0])], counts={str(calls["name"].iloc[0]): len(calls)},
         ),
     )]  # fmt: skip
+
+
+def _register_optimizer(ctx: RankContext, calls: pd.DataFrame) -> None:
+    """The optimizer steps' host time and the device work launched inside them."""
+    tr = ctx.trace
+    kern = np.zeros(0, np.int64)
+    mcpy = np.zeros(0, np.int64)
+    lk = tr.links
+    if len(lk) and len(tr.runtime):
+        rt = tr.runtime
+        ri = lk["runtime_idx"].to_numpy(np.int64)
+        ok = (ri >= 0) & (ri < len(rt))
+        inside = np.zeros(len(lk), dtype=bool)
+        rts, rtid = rt["ts"].to_numpy()[ri[ok]], rt["tid"].to_numpy()[ri[ok]]
+        for t in np.unique(calls["tid"].to_numpy()):
+            c = calls[calls["tid"].to_numpy() == t].sort_values("ts")
+            i = np.searchsorted(c["ts"].to_numpy(), rts, side="right") - 1
+            hit = (i >= 0) & (rtid == t)
+            hit[hit] = rts[hit] < c["end"].to_numpy()[i[hit]]
+            inside[np.flatnonzero(ok)[hit]] = True
+        kind, gi = lk["gpu_kind"].to_numpy(), lk["gpu_idx"].to_numpy(np.int64)
+        kern = gi[inside & (kind == "kernel")]
+        mcpy = gi[inside & (kind == "memcpy")]
+    register(ctx, WhatIfSet(
+        "optimizer", "the optimizer steps on the host and the device work they launch",
+        calls["tid"].to_numpy(np.int64), calls["ts"].to_numpy(float), calls["end"].to_numpy(float), kern, mcpy))
 
 
 def per_rank(ctx: RankContext) -> list[Fact]:

@@ -29,6 +29,7 @@ from hermes_kb.trace.bundle import RankTrace
 
 from . import intervals as iv
 from .context import RankContext
+from .whatif_sets import WhatIfSet, register
 
 MAX_STEP_FACTS = 8  # per-step facts per kind; beyond that only the steps with the largest values
 LARGE_GAP_US = 1000.0  # a host gap of 1 ms or more is "large" (far above per-op Python overhead)
@@ -375,6 +376,8 @@ def _dataloader(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
             ),
         )  # fmt: skip
 
+    register(ctx, WhatIfSet.of_intervals("dataloader", "the DataLoader's next() on the host (its annotation)",
+                                         dl["tid"].to_numpy(np.int64), dts, dend))  # fmt: skip
     facts: list[Fact] = []
     present = {int(steps[i]): float(wait[i]) for i in range(len(steps)) if wait[i] > 0}
     keep = pick_steps(present)
@@ -505,6 +508,8 @@ def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
 
     hs, he = host_window_arrays(ctx)
     rows = []
+    gap_s: list[np.ndarray] = []
+    gap_e: list[np.ndarray] = []
     for i, w in enumerate(ctx.windows):
         a, b = hs[i], he[i]
         if b <= a:
@@ -515,6 +520,8 @@ def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
         keep = ge > gs
         gs, ge = gs[keep], ge[keep]
         glen = ge - gs
+        gap_s.append(gs)
+        gap_e.append(ge)
         py_part = iv.overlap_length(gs, ge, P) if len(gs) else np.zeros(0)
         io_part = iv.overlap_length(gs, ge, P_io) if len(gs) else np.zeros(0)
         top = np.argsort(-glen, kind="stable")[:TOP_GAPS]
@@ -531,6 +538,7 @@ def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
                      "n": len(glen), "nl": int(large.sum()), "ll": float(glen[large].sum()), "gaps": gaps})  # fmt: skip
     if not rows:
         return []
+    _register_gaps(ctx, np.concatenate(gap_s), np.concatenate(gap_e), P_io)
 
     def make(rs: list[dict], step: int | None, gaps: list[HostGap]) -> UntracedHostTime:
         win = sum(r["window"] for r in rs)
@@ -561,6 +569,23 @@ def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
     allgaps = sorted((g for r in rows for g in r["gaps"]), key=lambda g: -g.duration_us)[:TOP_GAPS]
     facts.append(make(rows, None, allgaps))
     return facts
+
+
+def _register_gaps(ctx: RankContext, gs: np.ndarray, ge: np.ndarray, p_io: iv.Intervals) -> None:
+    """What-if sets of the host time no operator covers (on the thread that drives the steps)."""
+    tid = main_tid(ctx.trace)
+    if tid is None or not len(gs):
+        return
+    register(ctx, WhatIfSet.of_intervals("host_gaps", "host time between operators (untraced Python, GC, I/O)",
+                                         tid, gs, ge))  # fmt: skip
+    large = (ge - gs) >= LARGE_GAP_US
+    if large.any():
+        register(ctx, WhatIfSet.of_intervals("host_gaps_large", f"host gaps of {LARGE_GAP_US / 1e3:.0f} ms or more",
+                                             tid, gs[large], ge[large]))  # fmt: skip
+    io_s, io_e = iv.intersect(iv.union(gs, ge), p_io)
+    if len(io_s):
+        register(ctx, WhatIfSet.of_intervals("python_io", "Python frames blocking on I/O between operators",
+                                             tid, io_s, io_e))  # fmt: skip
 
 
 # ---------------------------------------------------------------- host-to-device copies

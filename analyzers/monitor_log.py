@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from hermes_kb.facts.base import Evidence, Fact
+from hermes_kb.facts.breakdown import COMPONENTS
 from hermes_kb.facts.monitor import (
     MonitorCpu, MonitorEnvSetting, MonitorPageFaults, MonitorSlowRank, MonitorSpikes, MonitorSteps,
 )
@@ -482,13 +483,41 @@ def platform_of(run: RunLog) -> str:
     return "npu" if "npu" in kinds else "gpu" if "gpu" in kinds else "cpu"
 
 
-def summary_of(run: RunLog) -> list[dict[str, Any]]:
+def summary_of(run: RunLog, captured: dict[int, Any] | None = None) -> list[dict[str, Any]]:
+    """Per rank: steps, mean step and its breakdown over the whole run. The monitor measures the
+    data wait and the GC pauses of every step; the rest of the step is split as the rank's
+    capture splits its own (step_breakdown of the profiled steps, data and GC left out), else it
+    counts as compute (the monitor cannot see further)."""
     out = []
     for r in sorted(run.ranks):
         s = _Series(run.ranks[r])
         if len(s) == 0:
             continue
-        out.append({"rank": r, "steps_count": len(s), "mean_step_us": float(s.wall.mean()),
-                    "breakdown_us": {"data_wait_us": float(s.dw.mean()), "gc_us": float(s.gc.mean()),
-                                     "compute_us": float(s.compute.mean())}})  # fmt: skip
+        mean = float(s.wall.mean())
+        data, gc = float(s.dw.mean()), float(s.gc.mean())
+        rest = max(mean - data - gc, 0.0)
+        bd = (captured or {}).get(r)
+        parts = {k: 0.0 for k in COMPONENTS}
+        measured_data = bool((s.dw > 0).any())  # a loop not wrapped in mon.wrap() records no data wait
+        if bd is not None:
+            w = {k: float(getattr(bd, f"{k}_us")) for k in COMPONENTS if k != "data" or not measured_data}
+            w["host_python"] = max(w["host_python"] - float(bd.gc_us or 0.0), 0.0)
+            tot = sum(w.values())
+            for k, v in w.items():
+                parts[k] = rest * v / tot if tot > 0 else 0.0
+            if tot <= 0:
+                parts["compute"] = rest
+        else:
+            parts["compute"] = rest
+        parts["data"] += data
+        parts["host_python"] += gc
+        top = {"compute": parts["compute"], "communication": parts["communication"],
+               "host": parts["host_launch"] + parts["host_dispatch"] + parts["host_python"],
+               "data": parts["data"], "idle": parts["idle"]}  # fmt: skip
+        crit = max(top, key=top.get)
+        device = bd.device if bd is not None else None
+        out.append({"rank": r, "steps_count": len(s), "mean_step_us": mean,
+                    "breakdown_us": {f"{k}_us": round(v, 3) for k, v in parts.items()},
+                    "critical_component": crit, "critical_ratio": round(top[crit] / mean, 4) if mean > 0 else None,
+                    "device_kind": device})  # fmt: skip
     return out

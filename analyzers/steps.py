@@ -3,7 +3,8 @@
 Window of step i: from its ProfilerStep start to the next step's start; the last step ends
 at the end of the last device activity launched inside it (or its own end on CPU-only traces).
 A last step much shorter than the others (< 60% of their median) is a partial capture: it is
-excluded and reported. Without ProfilerStep annotations, steps are inferred from optimizer
+excluded and reported; so is the first window of steps inferred from optimizer steps when it is
+over 1.5x their median (it runs from the trace's first event: set-up, not a step). Without ProfilerStep annotations, steps are inferred from optimizer
 steps (Optimizer.step#...), else from a top-level annotation that repeats at least 3 times;
 failing both, the whole trace is one window, and the StepStructure fact says so.
 """
@@ -20,6 +21,7 @@ from hermes_kb.trace.bundle import RankTrace
 from .context import RankContext, StepWindow
 
 PARTIAL_RATIO = 0.6
+FIRST_RATIO = 1.5
 
 
 def _device_end_of_launches(trace: RankTrace, start: float, end: float) -> float:
@@ -92,12 +94,21 @@ def step_context(trace: RankTrace) -> tuple[RankContext, list]:
         windows = [StepWindow(step=0, start_us=lo, end_us=hi, cpu_end_us=hi)]
     else:
         windows = _windows_from_marks(trace, marks)
+        if source == "optimizer_step" and len(windows) >= 3:
+            # the first window runs from the trace's first event, not from a step boundary
+            med = float(np.median([w.duration_us for w in windows[1:]]))
+            first = windows[0]
+            if first.duration_us > FIRST_RATIO * med:
+                excluded.append(first.step)
+                reason = (f"the first window runs from the trace's first event and lasted {first.duration_us / 1e3:.1f} ms, "
+                          f"over {FIRST_RATIO:.1f}x the median of the others ({med / 1e3:.1f} ms): set-up, not a step")  # fmt: skip
+                windows = windows[1:]
         if len(windows) >= 3:
             med = float(np.median([w.duration_us for w in windows[:-1]]))
             last = windows[-1]
             if last.cpu_end_us - last.start_us < PARTIAL_RATIO * med:
                 excluded.append(last.step)
-                reason = (f"last step lasted {(last.cpu_end_us - last.start_us) / 1e3:.1f} ms, under "
+                reason = ((reason + "; ") if reason else "") + (f"last step lasted {(last.cpu_end_us - last.start_us) / 1e3:.1f} ms, under "
                           f"{PARTIAL_RATIO:.0%} of the median of the others ({med / 1e3:.1f} ms): a partial capture")  # fmt: skip
                 windows = windows[:-1]
     ctx = RankContext(trace=trace, windows=windows, excluded_steps=excluded, step_source=source)

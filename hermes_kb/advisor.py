@@ -13,6 +13,7 @@ import os
 import statistics
 import threading
 from collections import defaultdict
+from dataclasses import dataclass
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -22,26 +23,35 @@ import jinja2
 from jinja2.sandbox import SandboxedEnvironment
 
 from . import __version__
-from .analysis import analyze_bundle
+from .analysis import analyze_with_replay
 from .facts.base import Fact
+from .facts.breakdown import COMPONENTS, StepBreakdown
 from .kb.engine import EngineName, Inference, Match, infer
 from .kb.loader import KnowledgeBase, load_kb, load_overrides
 from .kb.models import Case
+from .analyzers.whatif import removed_at
 from .report import (
     SEVERITY_ORDER,
+    CombinedGain,
     EvidenceItem,
     Finding,
     Inputs,
     KbInfo,
     OptimizationAdvice,
     RankSummary,
+    Removable,
     Report,
     Speedup,
     StepSummary,
+    Unexplained,
 )
 from .trace import TraceBundle, load
+from .unexplained import unexplained
 
 HIGH_SHARE = 0.10
+# findings below this speedup at their best are kept in JSON but left out of the text reports
+# and of the combined gain: within the step-to-step noise of a real job
+MIN_REPORTED_SPEEDUP = 1.02
 MEDIUM_SHARE = 0.03
 _KB_LOCK = threading.Lock()
 
@@ -53,7 +63,7 @@ def severity_of(share: float) -> str:
 @lru_cache(maxsize=8)
 def _kb_cached(config: str | None) -> KnowledgeBase:
     overrides = load_overrides(Path(config)) if config else None
-    return load_kb(overrides=overrides, use_cache=True)
+    return load_kb(overrides=overrides)
 
 
 def knowledge_base(config: str | os.PathLike | None = None) -> KnowledgeBase:
@@ -130,25 +140,120 @@ def _value(m: Match, ref) -> float | None:
     return float(v) if isinstance(v, (int, float)) else None
 
 
-def _gain(case: Case, m: Match, step_means: dict) -> tuple[float, float, float | None, float] | None:
-    """(removable R, step T, bound on what the fix removes or None, R at the measurement's low end)
-    of one match."""
-    r = _value(m, case.gain.removes)
+# which breakdown components a case's category can shorten: without a replay, its removable time
+# is bounded by their share of the step (exposed time: removing work the device waits on cannot
+# save more than the wait); a CPU-only rank's operators are its compute, so there the host cases
+# may also take the compute share
+_CATEGORY_COMPONENTS = {
+    "io": ("data",),
+    "cpu": ("host_launch", "host_dispatch", "host_python", "data"),
+    "computation": ("compute",),
+    "communication": ("communication",),
+}
+
+
+@dataclass
+class _MatchGain:
+    step: float  # T: the analysed step time the removal is part of (µs)
+    removes: float  # R: the case's measured time (µs)
+    lo: float  # step time the fix removes at the low end of its fraction (µs)
+    hi: float
+    rank: int | None
+    note: str  # how lo/hi were obtained
+    target: str | None = None  # the replayed set, when the gain comes from a replay
+    phi: tuple[float, float] = (0.0, 0.0)  # the set's fraction at the low and high end
+    extra: tuple[float, float] = (0.0, 0.0)  # measured time beyond the set, counted one for one
+
+
+def _whatif_index(facts: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
+    return {(f.get("rank"), f.get("target")): f for f in facts if f.get("kind") == "whatif"}
+
+
+def _breakdowns(facts: list[dict[str, Any]]) -> dict[int | None, dict[str, Any]]:
+    return {f.get("rank"): f for f in facts if f.get("kind") == "step_breakdown" and f.get("step") is None}
+
+
+def _component_cap(case: Case, bd: dict[str, Any] | None, t: float) -> tuple[float | None, str]:
+    """At most the share of the step the case's breakdown components hold."""
+    comps = _CATEGORY_COMPONENTS.get(case.category)
+    if bd is None or not comps:
+        return None, ""
+    if case.category == "cpu" and bd.get("device") == "cpu":
+        comps = (*comps, "compute")
+    share = sum(float(bd.get(f"{c}_ratio") or 0.0) for c in comps)
+    return share * t, "+".join(comps)
+
+
+def _gain(case: Case, m: Match, step_means: dict, whatif: dict, bds: dict) -> _MatchGain | None:
+    """What the case's fix removes from the analysed steps in one match: a replay of the rank's
+    dependency graph when the case names its events (gain.whatif) and the rank has that set,
+    else the case's fraction of its measured time, bounded by its components' critical time."""
+    g = case.gain
+    r = _value(m, g.removes)
     if r is None:
         return None
-    t = _value(m, case.gain.step)
-    if t is None or t <= 0:
-        rank = m.bindings.get(case.gain.removes.binding, {}).get("rank")
-        t = step_means.get(rank, step_means.get(None))
-    if not isinstance(t, (int, float)) or t <= 0:
-        return None
-    t = float(t)
-    c = _value(m, case.gain.at_most)
-    cap = min(max(c, 0.0), t) if c is not None else None
-    r = min(max(r, 0.0), t)
-    low = _value(m, case.gain.removes_low)
+    rank = m.bindings.get(g.removes.binding, {}).get("rank")
+    lo_f, hi_f = g.fraction
+    r = max(r, 0.0)
+    low = _value(m, g.removes_low)
     r_low = min(max(low, 0.0), r) if low is not None else r
-    return r, t, cap, r_low
+    c = _value(m, g.at_most)
+    w = whatif.get((rank, g.whatif.target)) if g.whatif is not None else None
+    if w is not None and w.get("linked", True) is False:
+        w = None  # device work not linked to its launches: the replay's dependencies are guesses
+    if w is not None and float(w.get("own_us") or 0.0) > 0 and float(w.get("step_us") or 0.0) > 0:
+        t = float(w["step_us"])
+        own = float(w["own_us"])
+        extra_lo = extra_hi = 0.0
+        if g.whatif.scale == "set":
+            phi_lo, phi_hi = lo_f, hi_f
+        else:
+            phi_lo, phi_hi = lo_f * min(1.0, r_low / own), hi_f * min(1.0, r / own)
+            # measured time beyond the set's events (work around them that goes with the fix):
+            # counted one for one, as nothing in the graph says what it overlaps
+            extra_lo, extra_hi = lo_f * max(0.0, r_low - own), hi_f * max(0.0, r - own)
+        half, full = float(w.get("removed_half_us") or 0.0), float(w.get("removed_all_us") or 0.0)
+        rm_lo = removed_at(half, full, phi_lo) + extra_lo
+        rm_hi = removed_at(half, full, phi_hi) + extra_hi
+        note = (f"Replayed on rank {rank}'s dependency graph (docs/advice.md): the {g.whatif.target} events "
+                f"({own / 1e3:,.2f} ms, {float(w.get('critical_us') or 0.0) / 1e3:,.2f} ms of it on the critical path) "
+                f"shortened by {phi_lo:.0%}-{phi_hi:.0%}"
+                + ("" if g.whatif.scale == "set" else
+                   f" (the fix's {lo_f:.0%}-{hi_f:.0%} of the {r / 1e3:,.2f} ms measured as {g.removes.field})")
+                + f" make the analysed steps {rm_lo / 1e3:,.2f}-{rm_hi / 1e3:,.2f} ms shorter;"
+                  " what stays hidden under other work is not counted.")  # fmt: skip
+        if extra_hi > 0:
+            note += (f" Of that, {extra_lo / 1e3:,.2f}-{extra_hi / 1e3:,.2f} ms is measured time beyond the set's "
+                     f"events ({(r - own) / 1e3:,.2f} ms), counted one for one.")  # fmt: skip
+    else:
+        t = _value(m, g.step)
+        if t is None or t <= 0:
+            t = step_means.get(rank, step_means.get(None))
+        if not isinstance(t, (int, float)) or t <= 0:
+            return None
+        t = float(t)
+        r, r_low = min(r, t), min(r_low, t)
+        rm_lo, rm_hi = lo_f * r_low, hi_f * r
+        note = f"The fix removes {lo_f:.0%}-{hi_f:.0%} of the {r / 1e3:,.2f} ms measured ({g.removes.field})."
+        if r_low < r:
+            note += (f" The measurement is itself a range: {r_low / 1e3:,.2f}-{r / 1e3:,.2f} ms "
+                     f"({g.removes_low.field} to {g.removes.field}); the low end starts from the smaller one.")  # fmt: skip
+        cap, comps = _component_cap(case, bds.get(rank), t) if g.within_component else (None, "")
+        if cap is not None and cap < rm_hi:
+            rm_lo, rm_hi = min(rm_lo, cap), cap
+            note += (f" Bound: the step's {comps} time in the breakdown is {cap / 1e3:,.2f} ms "
+                     f"({cap / t:.0%}); no more can go.")  # fmt: skip
+    if c is not None:
+        cap = min(max(c, 0.0), t)
+        if cap < rm_hi:
+            note += f" Bound: at most {cap / 1e3:,.2f} ms can go ({g.at_most.field}, {cap / t:.0%} of the step)."
+        rm_lo, rm_hi = min(rm_lo, cap), min(rm_hi, cap)
+    rm_hi = min(max(rm_hi, 0.0), t)
+    rm_lo = min(max(rm_lo, 0.0), rm_hi)
+    out = _MatchGain(step=t, removes=min(r, t), lo=rm_lo, hi=rm_hi, rank=rank, note=note)
+    if w is not None and "Replayed" in note:
+        out.target, out.phi, out.extra = g.whatif.target, (phi_lo, phi_hi), (extra_lo, extra_hi)
+    return out
 
 
 def _evidence(m: Match, inf: Inference) -> list[EvidenceItem]:
@@ -171,8 +276,17 @@ def _evidence(m: Match, inf: Inference) -> list[EvidenceItem]:
 
 
 def findings_from(inf: Inference, kb: KnowledgeBase, platform: str) -> list[Finding]:
+    """Ranked findings; those claiming the same critical-path time as a better one nested in it."""
+    findings, _ = _findings(inf, kb, platform)
+    return merge_findings(findings, _whatif_index(inf.facts))
+
+
+def _findings(inf: Inference, kb: KnowledgeBase, platform: str) -> tuple[list[Finding], dict[str, list[_MatchGain]]]:
+    """One finding per case, and per case the gains of its matches (for the combined replay)."""
     cases = {e.item.id: e.item for e in kb.cases}
     step_means = _mean_step(inf.facts)
+    whatif = _whatif_index(inf.facts)
+    bds = _breakdowns(inf.facts)
     by_case: dict[str, list[Match]] = defaultdict(list)
     for m in inf.cases:
         case = cases[m.item_id]
@@ -180,29 +294,25 @@ def findings_from(inf: Inference, kb: KnowledgeBase, platform: str) -> list[Find
             continue
         by_case[m.item_id].append(m)
     findings: list[Finding] = []
+    plans: dict[str, list[_MatchGain]] = {}
     for case_id, matches in by_case.items():
         case = cases[case_id]
-        gains = [g for g in (_gain(case, m, step_means) for m in matches) if g is not None]
+        gains = [g for g in (_gain(case, m, step_means, whatif, bds) for m in matches) if g is not None]
         if not gains:
             continue
-        # several matches (ranks, steps) of one case become one finding: the median removable time
-        # and step time across them (data-parallel ranks wait for each other, so one rank's gain
-        # is not the job's; the median is the typical rank)
-        r = statistics.median(g[0] for g in gains)
-        t = statistics.median(g[1] for g in gains)
-        caps = [g[2] for g in gains if g[2] is not None]
-        cap = statistics.median(caps) if len(caps) == len(gains) else None
-        r_low = statistics.median(g[3] for g in gains)
-        lo, hi = case.gain.fraction
-        rm_lo, rm_hi = lo * r_low, hi * r
-        if cap is not None:
-            rm_lo, rm_hi = min(rm_lo, cap), min(rm_hi, cap)
+        plans[case_id] = gains
+        # several matches (ranks, steps) of one case become one finding: the median of each
+        # quantity across them (data-parallel ranks wait for each other, so one rank's gain is not
+        # the job's; the median is the typical rank)
+        t = statistics.median(g.step for g in gains)
+        r = statistics.median(g.removes for g in gains)
+        rm_lo = statistics.median(g.lo for g in gains)
+        rm_hi = statistics.median(g.hi for g in gains)
         sp_lo = t / max(t - rm_lo, 1e-9)
         sp_hi = t / max(t - rm_hi, 1e-9)
         share = r / t
         # at stake: what the fix can remove at best, as a share of the step
-        at_stake = rm_hi / t
-        severity = severity_of(at_stake)
+        severity = severity_of(rm_hi / t)
         if case.max_severity is not None and SEVERITY_ORDER[severity] > SEVERITY_ORDER[case.max_severity]:
             severity = case.max_severity
         ranks = sorted({v.get("rank") for m in matches for v in m.bindings.values() if v.get("rank") is not None})
@@ -211,16 +321,10 @@ def findings_from(inf: Inference, kb: KnowledgeBase, platform: str) -> list[Find
         confidence = 0.8 if case.status == "stable" else 0.6
         if len(steps) >= 3 or any(v.get("step") is None for v in best.bindings.values()):
             confidence += 0.1
-        assumption = (f"{case.gain.assumption.strip()} Measured: {r / 1e3:,.2f} ms removable out of {t / 1e3:,.2f} ms "
-                      f"of step time ({share:.0%}; median over {len(gains)} match(es)); the fix removes {lo:.0%}-{hi:.0%} "
-                      f"of it; speedup = step time / (step time - removed).")  # fmt: skip
-        if r_low < r:
-            assumption += (f" The measurement is itself a range: {r_low / 1e3:,.2f}-{r / 1e3:,.2f} ms removable "
-                           f"({case.gain.removes_low.field} to {case.gain.removes.field}); the low end of the "
-                           f"speedup starts from the smaller one.")  # fmt: skip
-        if cap is not None and cap < hi * r:
-            assumption += (f" Bound: at most {cap / 1e3:,.2f} ms can go ({case.gain.at_most.field}, "
-                           f"{cap / t:.0%} of the step), which caps the range.")  # fmt: skip
+        typical = min(gains, key=lambda g: abs(g.hi - rm_hi))
+        assumption = (f"{case.gain.assumption.strip()} Measured: {r / 1e3:,.2f} ms ({share:.0%} of {t / 1e3:,.2f} ms of "
+                      f"analysed steps; median over {len(gains)} match(es)). {typical.note} Removable: "
+                      f"{rm_lo / 1e3:,.2f}-{rm_hi / 1e3:,.2f} ms; speedup = step time / (step time - removed).")  # fmt: skip
         findings.append(
             Finding(
                 case_id=case.id,
@@ -232,7 +336,11 @@ def findings_from(inf: Inference, kb: KnowledgeBase, platform: str) -> list[Find
                 expected_speedup=Speedup(low=round(sp_lo, 3), high=round(sp_hi, 3)),
                 time_at_stake_us=round(r, 3),
                 step_time_us=round(t, 3),
-                share_of_step_ratio=round(share, 4),
+                share_of_step_ratio=round(min(share, 1.0), 4),
+                removable_us=Removable(low=round(rm_lo, 3), high=round(rm_hi, 3)),
+                replayed=case.gain.whatif is not None and "Replayed" in typical.note,
+                whatif_target=case.gain.whatif.target if case.gain.whatif is not None else None,
+                component=_component_of(case),
                 assumption=assumption,
                 ranks=ranks,
                 steps=steps,
@@ -246,18 +354,57 @@ def findings_from(inf: Inference, kb: KnowledgeBase, platform: str) -> list[Find
                 references=list(case.references),
             )
         )
-    return merge_findings(findings)
+    return findings, plans
+
+
+def _component_of(case: Case) -> str | None:
+    """The breakdown component (compute / communication / host / data / idle) the finding sits in."""
+    if case.category == "io":
+        return "data"
+    if case.category == "computation":
+        return "compute"
+    if case.category in ("communication", "parallel"):
+        return "communication"
+    return "host" if case.category == "cpu" else None
 
 
 def _evidence_key(f: Finding) -> tuple:
     return tuple(sorted((e.fact, e.scope) for e in f.evidence if e.fact != "bottleneck"))
 
 
-def merge_findings(findings: list[Finding]) -> list[Finding]:
-    """Rank by expected gain, then confidence; a finding resting on exactly the same evidence as
-    a better one is folded into it (listed under ``related``)."""
-    ranked = sorted(findings, key=lambda f: (-(f.expected_speedup.low + f.expected_speedup.high), -f.confidence,
-                                               f.case_id))  # fmt: skip
+NEST_SHARE = 0.5  # a finding whose critical-path time is at least this much another's claims the same time
+
+
+def _rank_key(f: Finding) -> tuple:
+    removable = f.removable_us.low + f.removable_us.high if f.removable_us is not None else 0.0
+    return (-(f.expected_speedup.low + f.expected_speedup.high), -removable, -f.confidence, f.case_id)
+
+
+def _shared_time(a: Finding, b: Finding, whatif: dict) -> float:
+    """Share of b's critical-path time that a's events also hold (max over their common ranks)."""
+    if not a.whatif_target or not b.whatif_target:
+        return 0.0
+    best = 0.0
+    for r in set(a.ranks) & set(b.ranks) or {None}:
+        wb = whatif.get((r, b.whatif_target))
+        if wb is None or not wb.get("critical_us"):
+            continue
+        crit = float(wb["critical_us"])
+        if a.whatif_target == b.whatif_target:
+            shared = crit
+        else:
+            wa = whatif.get((r, a.whatif_target))
+            shared = float((wa or {}).get("critical_overlaps_us", {}).get(b.whatif_target, 0.0)) if wa else 0.0
+        best = max(best, min(1.0, shared / crit))
+    return best
+
+
+def merge_findings(findings: list[Finding], whatif: dict | None = None) -> list[Finding]:
+    """Rank by expected gain, then confidence. A finding resting on exactly the same evidence as a
+    better one is folded into it (listed under ``related``); one whose replayed events lie mostly
+    on the same critical-path time as a better one's (``NEST_SHARE``) is nested in it
+    (``alternatives``): two explanations of one stretch of time, not two gains to add."""
+    ranked = sorted(findings, key=_rank_key)
     kept: list[Finding] = []
     by_key: dict[tuple, Finding] = {}
     for f in ranked:
@@ -265,9 +412,87 @@ def merge_findings(findings: list[Finding]) -> list[Finding]:
         if key and key in by_key:
             by_key[key].related.append(f.case_id)
             continue
+        parent = next((k for k in kept if whatif and _shared_time(k, f, whatif) >= NEST_SHARE), None)
+        if parent is not None:
+            parent.alternatives.append(f)
+            parent.related.append(f.case_id)
+            continue
         by_key[key] = f
         kept.append(f)
     return kept
+
+
+def combined_gain(findings: list[Finding], plans: dict[str, list[_MatchGain]], replay: dict,
+                  bds: dict, top: int = 3) -> CombinedGain | None:  # fmt: skip
+    """The gain of applying the first ``top`` fixes together, per rank replayed with all their
+    sets shortened at once (no event counted twice), then the median over ranks; findings without a
+    replay add their removable time one for one. Never more than the critical-path time of the
+    components those fixes act on."""
+    from .analyzers.whatif import removed_together
+
+    chosen = [f for f in findings if f.removable_us is not None and f.removable_us.high > 0
+              and f.expected_speedup.high >= MIN_REPORTED_SPEEDUP][:top]  # fmt: skip
+    if len(chosen) < 2:
+        return None
+    ranks = sorted({g.rank for f in chosen for g in plans.get(f.case_id, [])}, key=lambda r: (r is None, r))
+    per_rank: list[tuple[float, float, float]] = []
+    for r in ranks:
+        mine = [(f, next((g for g in plans.get(f.case_id, []) if g.rank == r), None)) for f in chosen]
+        mine = [(f, g) for f, g in mine if g is not None]
+        if not mine:
+            continue
+        t = max(g.step for _, g in mine)
+        state = replay.get(r)
+        lo = hi = 0.0
+        parts_lo, parts_hi = [], []
+        for f, g in mine:
+            amounts = state.amounts.get(g.target) if (state is not None and g.target) else None
+            if amounts is None:
+                lo, hi = lo + g.lo, hi + g.hi
+                continue
+            drops = g.target in state.drop_waits
+            parts_lo.append((amounts, g.phi[0], drops))
+            parts_hi.append((amounts, g.phi[1], drops))
+            lo, hi = lo + g.extra[0], hi + g.extra[1]
+        if parts_hi:
+            lo += max(0.0, removed_together(state.model, parts_lo))
+            hi += max(0.0, removed_together(state.model, parts_hi))
+        bd = bds.get(r)
+        if bd is not None:
+            comps = {c for f in chosen for c in _CATEGORY_COMPONENTS.get(f.category, ("communication", "idle"))}
+            if bd.get("device") == "cpu" and any(f.category == "cpu" for f in chosen):
+                comps.add("compute")
+            cap = t * sum(float(bd.get(f"{c}_ratio") or 0.0) for c in comps)
+            lo, hi = min(lo, cap), min(hi, cap)
+        hi = min(hi, t)
+        per_rank.append((t, min(lo, hi), hi))
+    if not per_rank:
+        return None
+    t = statistics.median(x[0] for x in per_rank)
+    lo = statistics.median(x[1] for x in per_rank)
+    hi = statistics.median(x[2] for x in per_rank)
+    return CombinedGain(
+        case_ids=[f.case_id for f in chosen],
+        expected_speedup=Speedup(low=round(t / max(t - lo, 1e-9), 3), high=round(t / max(t - hi, 1e-9), 3)),
+        removable_us=Removable(low=round(lo, 3), high=round(hi, 3)),
+        step_time_us=round(t, 3),
+        note=("the fixes applied together, replayed at once on each rank's dependency graph (an event two fixes act "
+              "on is shortened once, the second fix taking its share of what the first left), median over ranks; "
+              "fixes without a replay add their removable time; bounded by the critical-path time of the "
+              "components they act on"),
+    )
+
+
+def breakdown_summary(f: StepBreakdown | None) -> dict[str, Any]:
+    """RankSummary fields from a rank's aggregate step breakdown."""
+    if f is None:
+        return {}
+    return {
+        "breakdown_us": {f"{k}_us": round(float(getattr(f, f"{k}_us")), 3) for k in COMPONENTS},
+        "critical_component": f.critical_component,
+        "critical_ratio": round(f.critical_ratio, 4),
+        "device_kind": f.device,
+    }
 
 
 def _summary(bundle: TraceBundle, facts: list[Fact]) -> list[RankSummary]:
@@ -275,18 +500,14 @@ def _summary(bundle: TraceBundle, facts: list[Fact]) -> list[RankSummary]:
     for t in bundle:
         steps = [StepSummary(step=f.step, duration_us=round(f.duration_us, 3))
                  for f in facts if f.kind == "step_time" and f.rank == t.rank]  # fmt: skip
-        breakdown: dict[str, float] = {}
-        for f in facts:
-            if f.rank == t.rank and f.step is None and f.kind in ("step_breakdown", "overlap_breakdown", "multi_component_overlap"):
-                breakdown = {k: round(float(v), 3) for k, v in f.model_dump().items()
-                             if k.endswith("_us") and isinstance(v, (int, float))}  # fmt: skip
+        bd = next((f for f in facts if f.kind == "step_breakdown" and f.rank == t.rank and f.step is None), None)
         out.append(
             RankSummary(
                 rank=t.rank,
                 device=t.meta.device_name,
                 steps=steps,
                 mean_step_us=round(statistics.fmean([s.duration_us for s in steps]), 3) if steps else None,
-                breakdown_us=breakdown,
+                **breakdown_summary(bd),
             )
         )
     return out
@@ -302,13 +523,9 @@ def advise_bundle(
     facts: list[Fact] | None = None,
 ) -> Report:
     kb = knowledge_base(config)
-    facts = facts if facts is not None else analyze_bundle(bundle)
+    facts, replay = (facts, {}) if facts is not None else analyze_with_replay(bundle)
     inf = infer(kb, facts, engine)
-    findings = findings_from(inf, kb, _platform(bundle))
-    if rank is not None:
-        findings = [f for f in findings if not f.ranks or rank in f.ranks]
-    if top is not None:
-        findings = findings[:top]
+    findings, combined, left = diagnose(inf, kb, _platform(bundle), replay, rank=rank, top=top)
     warnings = [f"skipped {p.message}" for p in bundle.problems] + list(bundle.warnings)
     warnings += [f"analyzer {f.analyzer} failed on rank {f.rank}: {f.message}" for f in facts if f.kind == "analyzer_error"]
     summary = _summary(bundle, facts)
@@ -319,9 +536,29 @@ def advise_bundle(
         inputs=Inputs(sources=bundle.sources, ranks=bundle.rank_ids, skipped=[p.path for p in bundle.problems]),
         summary=summary,
         findings=findings,
+        combined=combined,
+        unexplained=left,
         kb=KbInfo(rules=len(kb.active_rules()), cases=len(kb.active_cases()), engine=inf.engine),
         warnings=warnings,
     )
+
+
+def diagnose(inf: Inference, kb: KnowledgeBase, platform: str, replay: dict, *, rank: int | None = None,
+             top: int | None = None) -> tuple[list[Finding], CombinedGain | None, list[Unexplained]]:  # fmt: skip
+    """Findings ranked, nested where they claim the same time, filtered to a rank and cut to the
+    first ``top``; the gain of the first fixes together; the bottlenecks no finding explains."""
+    findings, plans = _findings(inf, kb, platform)
+    findings = merge_findings(findings, _whatif_index(inf.facts))
+    if rank is not None:
+        findings = [f for f in findings if not f.ranks or rank in f.ranks]
+        plans = {k: [g for g in v if g.rank in (rank, None)] for k, v in plans.items()}
+    combined = combined_gain(findings, plans, replay, _breakdowns(inf.facts))
+    left = unexplained(inf, kb, findings, platform)
+    if rank is not None:
+        left = [u for u in left if not u.ranks or rank in u.ranks]
+    if top is not None:
+        findings = findings[:top]
+    return findings, combined, left
 
 
 def advise(
@@ -344,4 +581,4 @@ def advise(
     return advise_bundle(bundle, config=config, engine=engine, top=top, rank=rank)
 
 
-__all__ = ["SEVERITY_ORDER", "advise", "advise_bundle", "findings_from", "knowledge_base", "severity_of"]
+__all__ = ["SEVERITY_ORDER", "advise", "advise_bundle", "diagnose", "findings_from", "knowledge_base", "severity_of"]

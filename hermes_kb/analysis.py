@@ -6,12 +6,23 @@ import multiprocessing as mp
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from .facts.base import Fact
 from .cpus import usable_cpus
 from .trace import TraceBundle, load
 
 _BUNDLE: TraceBundle | None = None  # read by forked workers
+
+
+@dataclass
+class ReplayState:
+    """What the advisor needs to replay a rank's graph with several sets shortened at once."""
+
+    model: Any  # analyzers.whatif.SimModel
+    amounts: dict[str, Any]  # target -> µs per node
+    drop_waits: set[str]  # targets whose fix removes the waits themselves
 
 
 def _rank_job(rank: int):
@@ -29,6 +40,12 @@ def _workers(n: int, max_workers: int | None) -> int:
 def analyze_bundle(bundle: TraceBundle, *, max_workers: int | None = None) -> list[Fact]:
     """Per-rank analyzers (in parallel forked workers when there are several ranks and cores),
     then the cross-rank ones. Facts come back ordered: per rank in rank order, then job-wide."""
+    return analyze_with_replay(bundle, max_workers=max_workers)[0]
+
+
+def analyze_with_replay(bundle: TraceBundle, *, max_workers: int | None = None) -> tuple[list[Fact], dict[int, Any]]:
+    """``analyze_bundle``, plus each rank's what-if replay state (the model and the sets' node
+    amounts, analyzers/whatif.py), which the advisor needs to replay several fixes together."""
     from .analyzers import analyze_cross_rank, analyze_rank
 
     global _BUNDLE
@@ -51,7 +68,10 @@ def analyze_bundle(bundle: TraceBundle, *, max_workers: int | None = None) -> li
         contexts = {r: ctx for r, (ctx, _) in zip(ranks, results)}
     facts: list[Fact] = [f for _, fs in results for f in fs]
     facts.extend(analyze_cross_rank(contexts, facts))
-    return facts
+    replay = {r: ReplayState(c.shared["whatif_model"], c.shared.get("whatif_amounts", {}),
+                             c.shared.get("whatif_drops", set()))
+              for r, c in contexts.items() if c.shared.get("whatif_model") is not None}  # fmt: skip
+    return facts, replay
 
 
 def analyze(path_or_bundle: TraceBundle | str | os.PathLike | Sequence, *, max_workers: int | None = None) -> list[Fact]:

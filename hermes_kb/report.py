@@ -18,6 +18,11 @@ class Speedup(BaseModel):
     high: float = Field(description="step-time speedup at the high end")
 
 
+class Removable(BaseModel):
+    low: float = Field(description="µs of analysed step time the fix removes at the low end")
+    high: float = Field(description="µs at the high end")
+
+
 class EvidenceItem(BaseModel):
     fact: str = Field(description="fact kind")
     scope: str = Field(description="rank / step the fact is about")
@@ -46,6 +51,11 @@ class Finding(BaseModel):
     time_at_stake_us: float = Field(description="per-step time the optimization can remove (before its fraction)")
     step_time_us: float = Field(description="the step time that time is part of")
     share_of_step_ratio: float = Field(description="time_at_stake_us / step_time_us")
+    removable_us: Removable | None = Field(default=None, description="step time the fix removes (low, high)")
+    component: Literal["compute", "communication", "host", "data", "idle"] | None = Field(
+        default=None, description="the step-breakdown component the cause sits in")
+    replayed: bool = Field(default=False, description="the range comes from a replay of the dependency graph")
+    whatif_target: str | None = Field(default=None, description="the events the replay shortened")
     assumption: str = Field(description="how the speedup range was computed")
     ranks: list[int]
     steps: list[int]
@@ -53,7 +63,42 @@ class Finding(BaseModel):
     optimizations: list[OptimizationAdvice]
     explanation: str
     references: list[str]
-    related: list[str] = Field(default_factory=list, description="other cases resting on the same evidence")
+    related: list[str] = Field(default_factory=list, description="other cases resting on the same evidence or time")
+    alternatives: list[Finding] = Field(
+        default_factory=list,
+        description="findings whose fix acts mostly on the same critical-path time as this one: other explanations "
+        "or narrower fixes of the same time, not gains to add to this one",
+    )
+
+
+class CombinedGain(BaseModel):
+    """The first findings' fixes applied together, without counting any time twice."""
+
+    case_ids: list[str]
+    expected_speedup: Speedup
+    removable_us: Removable
+    step_time_us: float
+    note: str
+
+
+class Candidate(BaseModel):
+    case_id: str
+    title: str
+    why_not: str = Field(description="the first condition of the case this trace does not meet")
+
+
+class Unexplained(BaseModel):
+    """A bottleneck a rule derived that no case explains: reported with its candidate causes."""
+
+    rule_id: str
+    category: str
+    component: str = Field(description="breakdown component (compute, communication, host, data, idle) or the rule's")
+    ranks: list[int]
+    share_ratio: float = Field(description="median share of the step on those ranks")
+    time_us: float | None = Field(default=None, description="median time per step (µs)")
+    summary: str
+    candidates: list[Candidate] = Field(default_factory=list)
+    tell_apart: list[str] = Field(default_factory=list, description="measurements that tell the candidates apart")
 
 
 class StepSummary(BaseModel):
@@ -70,8 +115,16 @@ class RankSummary(BaseModel):
     )
     mean_step_us: float | None = None
     breakdown_us: dict[str, float] = Field(
-        default_factory=dict, description="mean per step: where the time goes (from the overlap analysis)"
+        default_factory=dict,
+        description="mean per step, an exclusive multi-component overlap: compute_us (the device computes), "
+        "communication_us (exposed collectives), and while the device waits host_launch_us, host_dispatch_us, "
+        "host_python_us, data_us; idle_us (they add up to the mean step; docs/analysis/breakdown.md)",
     )
+    critical_component: str | None = Field(
+        default=None, description="the component holding most of the step: compute, communication, host, data, idle"
+    )
+    critical_ratio: float | None = Field(default=None, description="its share of the step")
+    device_kind: str | None = Field(default=None, description="gpu, npu or cpu (what computes)")
 
 
 class Inputs(BaseModel):
@@ -92,6 +145,10 @@ class Report(BaseModel):
     inputs: Inputs
     summary: list[RankSummary]
     findings: list[Finding]
+    combined: CombinedGain | None = Field(default=None, description="the top fixes together (null with fewer than two)")
+    unexplained: list[Unexplained] = Field(
+        default_factory=list, description="bottlenecks a rule derived that no finding explains, with their candidates"
+    )
     kb: KbInfo
     warnings: list[str] = Field(default_factory=list)
 

@@ -25,6 +25,7 @@ class RunAnalysis:
     facts: list[Fact]
     bundle: TraceBundle | None = None
     warnings: list[str] = field(default_factory=list)
+    replay: dict = field(default_factory=dict)  # rank -> analysis.ReplayState of the captures
 
 
 def as_run_dir(paths) -> Path | None:
@@ -36,7 +37,7 @@ def as_run_dir(paths) -> Path | None:
 
 
 def analyze_run_dir(run_dir: str | os.PathLike, *, max_workers: int | None = None) -> RunAnalysis:
-    from .analysis import analyze_bundle
+    from .analysis import analyze_with_replay
     from .analyzers.loader_cores import with_core_bounds
     from .analyzers.monitor_log import monitor_facts
     from .analyzers.profiler_overhead import with_profiler_overhead
@@ -48,12 +49,14 @@ def analyze_run_dir(run_dir: str | os.PathLike, *, max_workers: int | None = Non
     warnings = list(run.warnings)
     facts = monitor_facts(run)
     bundle = None
+    replay: dict = {}
     newest = [ps[-1] for _, ps in sorted(run.captures.items())]
     if newest:
         try:
             bundle = load([str(p) for p in newest], max_workers=max_workers)
             merge_monitor_env(bundle, run)
-            facts.extend(analyze_bundle(bundle, max_workers=max_workers))
+            trace_facts, replay = analyze_with_replay(bundle, max_workers=max_workers)
+            facts.extend(trace_facts)
             warnings += [f"skipped {p.message}" for p in bundle.problems] + list(bundle.warnings)
         except HermesError as err:
             warnings.append(f"captured traces not analysed: {err}")
@@ -71,7 +74,7 @@ def analyze_run_dir(run_dir: str | os.PathLike, *, max_workers: int | None = Non
                  and f.monitor_us >= MONITOR_WARN_SHARE * f.window_us]  # fmt: skip
     warnings += [f"analyzer {f.analyzer} failed on rank {f.rank}: {f.message}"
                  for f in facts if f.kind == "analyzer_error"]  # fmt: skip
-    return RunAnalysis(run=run, facts=facts, bundle=bundle, warnings=warnings)
+    return RunAnalysis(run=run, facts=facts, bundle=bundle, warnings=warnings, replay=replay)
 
 
 def merge_monitor_env(bundle: TraceBundle, run: RunLog) -> None:
@@ -94,7 +97,7 @@ def merge_monitor_env(bundle: TraceBundle, run: RunLog) -> None:
 def advise_run_dir(run_dir: str | os.PathLike, *, config=None, engine="auto", top: int | None = None,
                    rank: int | None = None):  # fmt: skip
     from . import __version__
-    from .advisor import _platform, findings_from, knowledge_base
+    from .advisor import _platform, diagnose, knowledge_base
     from .analyzers.monitor_log import platform_of, summary_of
     from .kb.engine import infer
     from .report import Inputs, KbInfo, RankSummary, Report
@@ -105,19 +108,19 @@ def advise_run_dir(run_dir: str | os.PathLike, *, config=None, engine="auto", to
     platform = platform_of(ra.run)
     if ra.bundle is not None and platform == "cpu":
         platform = _platform(ra.bundle)
-    findings = findings_from(inf, kb, platform)
-    summary = [RankSummary(steps=[], **s) for s in summary_of(ra.run)]
+    findings, combined, left = diagnose(inf, kb, platform, ra.replay, rank=rank, top=top)
+    captured = {f.rank: f for f in ra.facts if f.kind == "step_breakdown" and f.step is None}
+    summary = [RankSummary(steps=[], **s) for s in summary_of(ra.run, captured)]
     if rank is not None:
-        findings = [f for f in findings if not f.ranks or rank in f.ranks]
         summary = [s for s in summary if s.rank == rank]
-    if top is not None:
-        findings = findings[:top]
     skipped = [p.path for p in ra.bundle.problems] if ra.bundle is not None else []
     return Report(
         hermes_version=__version__,
         inputs=Inputs(sources=ra.run.sources, ranks=sorted(ra.run.ranks), skipped=skipped),
         summary=summary,
         findings=findings,
+        combined=combined,
+        unexplained=left,
         kb=KbInfo(rules=len(kb.active_rules()), cases=len(kb.active_cases()), engine=inf.engine),
         warnings=ra.warnings,
     )

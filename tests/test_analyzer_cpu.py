@@ -191,7 +191,8 @@ def test_launch_bound_linear_vs_device_bound_owlv2():
     (lin,) = contexts(SHARED / "param" / "linear_kineto.json.gz")
     (f,) = facts_of(lin, "launch_overhead")
     (busy,) = facts_of(lin, "host_device_busy", step=None)
-    assert f.host_wait_kernels_ratio > 0.5 and busy.device_idle_host_busy_ratio > 0.5
+    # the steps are inferred from optimizer steps (the first window, 1 s of set-up, left out)
+    assert f.host_wait_kernels_ratio > 0.5 and busy.device_idle_host_busy_ratio > 0.45
     (owl,) = contexts(SHARED / "tracelens" / "h100__google_owlv2-large-patch14-ensemble__1016001.json.gz")
     (g,) = facts_of(owl, "launch_overhead")
     assert g.queue_p50_us > 1000 and g.host_wait_kernels_ratio < 0.1  # kernels queue up behind the device

@@ -61,8 +61,10 @@ def test_gpu_bound_step_launch_kernel_sync(tmp_path):
     # Backwards from aten::add (ends 600): the untraced gap [560, 570); the sync call, released by
     # the kernel at 545 (later than its thread predecessor, the gap [50, 60)); the kernel, released
     # by its launch at 40 (no earlier kernel on the stream) -> 5 µs device idle; the launch; the
-    # part of aten::mm before the launch. Nothing before aten::mm on the thread: path starts at 10.
+    # part of aten::mm before the launch; the step's own host time before aten::mm (the driving
+    # thread's timeline is cut at the step's start).
     assert segs(ctx, 1) == [
+        (0.0, 10.0, "host_gap", A.UNTRACED),
         (10.0, 30.0, "cpu_op", "aten::mm"),
         (30.0, 40.0, "launch", "cudaLaunchKernel"),
         (40.0, 45.0, "device_idle", ""),
@@ -72,14 +74,14 @@ def test_gpu_bound_step_launch_kernel_sync(tmp_path):
         (570.0, 600.0, "cpu_op", "aten::add"),
     ]
     (f,) = step_facts(facts)
-    assert f.path_length_us == 590.0  # 600 - 10
-    assert f.path_start_us == 10.0 and f.path_end_us == 600.0 and f.overrun_us == 0.0
-    assert f.path_in_step_ratio == pytest.approx(590 / 600)
-    assert f.kernel_us == 500.0 and f.kernel_ratio == pytest.approx(500 / 590)
+    assert f.path_length_us == 600.0
+    assert f.path_start_us == 0.0 and f.path_end_us == 600.0 and f.overrun_us == 0.0
+    assert f.path_in_step_ratio == pytest.approx(1.0)
+    assert f.kernel_us == 500.0 and f.kernel_ratio == pytest.approx(500 / 600)
     assert f.cpu_op_us == 50.0  # 20 of aten::mm + 30 of aten::add
-    assert (f.launch_us, f.sync_wait_us, f.host_gap_us, f.device_idle_us) == (10.0, 15.0, 10.0, 5.0)
-    assert f.host_ratio == pytest.approx((50 + 10 + 10) / 590)
-    assert f.device_ratio == pytest.approx(500 / 590)
+    assert (f.launch_us, f.sync_wait_us, f.host_gap_us, f.device_idle_us) == (10.0, 15.0, 20.0, 5.0)
+    assert f.host_ratio == pytest.approx((50 + 10 + 20) / 600)
+    assert f.device_ratio == pytest.approx(500 / 600)
     assert f.dominant_category == "kernel"
     top = {(o.category, o.name): (o.time_us, o.instances_count) for o in f.top_ops}
     # host segments are labelled by their top-level op: the launch counts for aten::mm
@@ -89,7 +91,7 @@ def test_gpu_bound_step_launch_kernel_sync(tmp_path):
     assert top[("sync_wait", "cudaDeviceSynchronize")] == (15.0, 1)
     assert f.top_ops[0].name == GEMM
     (agg,) = [x for x in facts if isinstance(x, CriticalPath)]
-    assert agg.step is None and agg.steps_count == 1 and agg.path_length_us == 590.0
+    assert agg.step is None and agg.steps_count == 1 and agg.path_length_us == 600.0
 
 
 def test_cpu_bound_step_without_sync_is_all_host(tmp_path):
@@ -165,6 +167,7 @@ def test_blocking_memcpy_split_depends_on_what_held_the_copy_back(tmp_path):
     # the copy's candidates tie at 90 -> stream order: the kernel; 10 µs DMA start-up = idle.
     # (b) split at 240 (the copy's start): [200, 240) is launch time on the path.
     assert segs(ctx, 1) == [
+        (0.0, 5.0, "host_gap", A.UNTRACED),
         (5.0, 15.0, "launch", "cudaLaunchKernel"),
         (15.0, 20.0, "device_idle", ""),
         (20.0, 90.0, "kernel", GEMM),
@@ -265,10 +268,13 @@ def test_shared_frames_tile_the_path(tmp_path):
     s2 = shared[2]
     assert list(s2.columns) == ["start_us", "end_us", "category", "name", "op"]
     assert isinstance(s2["category"].dtype, pd.CategoricalDtype)
-    # step 2 = [100, 200): the walk leaves the window inside the gap [60, 110): clipped at 100
-    assert segs(ctx, 2) == [(100.0, 110.0, "host_gap", A.UNTRACED), (110.0, 190.0, "cpu_op", "aten::b")]
+    # the driving thread is cut at each step start and at the last step's end: step 1 ends with
+    # the gap [60, 100), step 2 = [100, 200) is the gap [100, 110), aten::b and the gap [190, 200)
+    assert segs(ctx, 1) == [(0.0, 60.0, "cpu_op", "aten::a"), (60.0, 100.0, "host_gap", A.UNTRACED)]
+    assert segs(ctx, 2) == [(100.0, 110.0, "host_gap", A.UNTRACED), (110.0, 190.0, "cpu_op", "aten::b"),
+                            (190.0, 200.0, "host_gap", A.UNTRACED)]  # fmt: skip
     agg = [f for f in facts if isinstance(f, CriticalPath)][0]
-    assert agg.steps_count == 2 and agg.path_length_us == 60.0 + 90.0
+    assert agg.steps_count == 2 and agg.path_length_us == 200.0
     assert agg.step_duration_us == 200.0
 
 

@@ -8,9 +8,6 @@ unique ids, templates that parse) run on top.
 
 from __future__ import annotations
 
-import hashlib
-import os
-import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +18,7 @@ from pydantic import ValidationError
 
 from ..errors import HermesError
 from ..facts import FACT_TYPES
+from ..facts.whatif import known_target
 from .conditions import Leaf, Pattern, and_refs, leaves, normalize
 from .models import Case, Rule
 
@@ -243,48 +241,13 @@ def _kb_files(rules_dir: Path, cases_dir: Path) -> list[tuple[Path, type]]:
     return files
 
 
-def _cache_file(files: list[tuple[Path, type]], overrides) -> Path | None:
-    """Where a checked KB is kept between runs: keyed by hermes' version and every file's bytes."""
-    from .. import __version__
-
-    base = os.environ.get("HERMES_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hermes"
-    )
-    h = hashlib.sha256(__version__.encode())
-    for f, _ in files:
-        h.update(str(f).encode())
-        h.update(f.read_bytes())
-    h.update(repr(sorted((overrides or {}).items())).encode())
-    return Path(base) / f"kb-{h.hexdigest()[:24]}.pickle"
-
-
 def load_kb(rules_dir: Path | None = None, cases_dir: Path | None = None,
-            overrides: dict[str, dict[str, Any]] | None = None, *, use_cache: bool = False) -> KnowledgeBase:  # fmt: skip
-    """Load and check every rule and case; raise KbError listing every problem found.
-
-    ``use_cache``: reuse the checked KB from the last run when no file changed (the advisor
-    does; `hermes kb validate/test` always check from scratch)."""
+            overrides: dict[str, dict[str, Any]] | None = None) -> KnowledgeBase:  # fmt: skip
+    """Load and check every rule and case; raise KbError listing every problem found. (No cache
+    on disk: a cached object would have to be unpickled, which runs code from whoever can write
+    the cache directory; the checked KB is kept in memory by the advisor instead.)"""
     d_rules, d_cases = (None, None) if rules_dir and cases_dir else kb_dirs()
-    rules_dir = rules_dir or d_rules
-    cases_dir = cases_dir or d_cases
-    cache = _cache_file(_kb_files(rules_dir, cases_dir), overrides) if use_cache else None
-    if cache is not None and cache.is_file():
-        try:
-            with cache.open("rb") as fh:
-                return pickle.load(fh)
-        except Exception:  # a stale or broken cache is only a cache
-            pass
-    kb = _load_checked(rules_dir, cases_dir, overrides)
-    if cache is not None:
-        try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-            with tmp.open("wb") as fh:
-                pickle.dump(kb, fh, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(tmp, cache)
-        except OSError:
-            pass
-    return kb
+    return _load_checked(rules_dir or d_rules, cases_dir or d_cases, overrides)
 
 
 def _load_checked(rules_dir: Path, cases_dir: Path, overrides) -> KnowledgeBase:
@@ -328,6 +291,9 @@ def _load_checked(rules_dir: Path, cases_dir: Path, overrides) -> KnowledgeBase:
             _check_ref(item.gain.step, bound, ("gain", "step"), p, nodes, problems)
             _check_ref(item.gain.at_most, bound, ("gain", "at_most"), p, nodes, problems)
             _check_ref(item.gain.removes_low, bound, ("gain", "removes_low"), p, nodes, problems)
+            if item.gain.whatif is not None and not known_target(item.gain.whatif.target):
+                problems.append(_where(p, nodes, ("gain", "whatif", "target"),
+                                       f"unknown what-if target {item.gain.whatif.target!r} (docs/analysis/whatif.md)"))
             try:
                 _JINJA.parse(item.explanation)
             except jinja2.TemplateSyntaxError as exc:

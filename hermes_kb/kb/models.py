@@ -68,6 +68,10 @@ class Rule(BaseModel):
     parameters: dict[str, Parameter] = Field(default_factory=dict)
     when: list[Pattern] = Field(min_length=1)
     emit: Emit
+    tell_apart: list[str] = Field(
+        default_factory=list,
+        description="when no case explains the bottleneck: the measurements that tell its candidate causes apart",
+    )
     examples: Examples
 
 
@@ -95,6 +99,21 @@ class Optimization(BaseModel):
     risk: Level = Field(description="risk of changing results or stability")
 
 
+class WhatIfGain(BaseModel):
+    """Which events the fix shortens, for the advisor's replay of the dependency graph
+    (docs/advice.md): the replay counts only what the step loses, not what stays hidden."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    target: str = Field(pattern=r"^[a-z][a-z0-9_]*(:[a-z][a-z0-9_]*)?$",
+                        description="a what-if set analyzers register (docs/analysis/whatif.md), e.g. dataloader")
+    scale: Literal["set", "removes"] = Field(
+        default="removes",
+        description="removes: the fix takes the fraction of the case's measured time (gain.removes), spread over "
+        "the set's events; set: the fix shortens the set's events themselves by the fraction",
+    )
+
+
 class Gain(BaseModel):
     """What the optimization removes and how much of it (the advisor turns this into a speedup)."""
 
@@ -114,6 +133,16 @@ class Gain(BaseModel):
         "free CPU cores allow); a null value in the fact means no bound is known",
     )
     assumption: str = Field(description="the assumption behind the range, shown to the user")
+    whatif: WhatIfGain | None = Field(
+        default=None, description="replay the dependency graph with these events shortened (else: Amdahl on removes, "
+        "bounded by the component's time on the critical path)",
+    )
+    within_component: bool = Field(
+        default=True,
+        description="without a replay, bound the removable time by the case's breakdown components on the critical "
+        "path; false for gains that are not time on this rank's path (per-sample throughput, a slow rank's excess, "
+        "time the monitor measured outside the trace)",
+    )
 
     @model_validator(mode="after")
     def _range(self) -> Gain:

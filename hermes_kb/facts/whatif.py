@@ -1,0 +1,49 @@
+"""What-if facts: how much shorter the analysed steps get when a set of events a fix acts on is
+shortened, from a replay of the rank's dependency graph (analyzers/whatif.py;
+docs/analysis/whatif.md)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .base import Fact, measure, ratio, us
+
+# the sets analyzers register (docs/analysis/whatif.md); ``class:<c>`` for every kernel / CPU
+# operator class of the compute analyzer
+TARGETS = frozenset({
+    "dataloader", "host_gaps", "host_gaps_large", "python_io", "tiny_ops", "optimizer", "gc", "compile", "syncs",
+    "implicit_syncs", "explicit_syncs", "launch_calls", "host_work", "communication", "device_compute", "fp32_gemm",
+    "fp32_conv", "fusable",
+})  # fmt: skip
+CLASS_TARGETS = frozenset({"gemm", "conv", "attention", "elementwise", "reduction", "norm", "memory", "communication",
+                           "other"})  # fmt: skip
+
+
+def known_target(name: str) -> bool:
+    kind, _, sub = name.partition(":")
+    return name in TARGETS or (kind == "class" and sub in CLASS_TARGETS)
+
+
+class WhatIf(Fact):
+    """One set of events on one rank (step = null: over all analysed steps)."""
+
+    kind: Literal["whatif"] = "whatif"
+    target: str = Field(description="the set's name, which cases name in gain.whatif (e.g. dataloader, python_gaps)")
+    description: str = Field(description="what the set holds")
+    drop_waits: bool = Field(description="the fix removes the waits themselves (a sync no longer called)")
+    own_us: float = us("the set's own time in the analysed steps (what Amdahl's law would remove)")
+    critical_us: float = us("the set's time on the steps' critical paths: an upper bound on what shortening it removes")
+    step_us: float = us("analysed steps (sum of the step windows)")
+    replay_base_us: float = us("the analysed span as the replay measures it (first step start to last step end)")
+    removed_half_us: float = us("how much shorter the analysed steps get with the set's events half as long")
+    removed_all_us: float = us("how much shorter they get with the set's events gone")
+    removed_all_ratio: float = ratio("removed_all_us / step_us")
+    nodes_count: int = measure("count", "graph nodes (host segments, device activities) in the set")
+    replayed: bool = Field(default=True, description="false: the set's critical time is under 2% of the span; "
+                           "removed_* are then that bound, not a replay")
+    linked: bool = Field(default=True, description="the graph links device work to its launches (the replay is trusted)")
+    critical_overlaps_us: dict[str, float] = Field(
+        default_factory=dict, description="other sets of the rank: µs of critical-path time this set shares with each"
+    )

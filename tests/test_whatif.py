@@ -1,0 +1,182 @@
+"""The what-if replay (analyzers/whatif.py): hand-made traces whose replayed step times are worked
+out below, the exact replay of an unchanged graph on real traces, and the critical-path bound."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hermes_kb
+from conftest import SHARED, X, needs_shared, write_trace
+from hermes_kb.analyzers import analyze_rank
+from hermes_kb.analyzers.whatif import (
+    analysed_time,
+    baseline_time,
+    evaluate,
+    node_amounts,
+    removed_at,
+    removed_together,
+    replay,
+)
+from hermes_kb.analyzers.whatif_sets import WhatIfSet
+
+ZOO = SHARED.parent.parent / "main" / "benchmarks" / "scenarios" / "recorded"
+
+
+def K(name, ts, dur, corr, stream=7):
+    return X("kernel", name, ts, dur, pid=0, tid=stream, args={"device": 0, "stream": stream, "correlation": corr})
+
+
+def R(name, ts, dur, corr, tid=1):
+    return X("cuda_runtime", name, ts, dur, tid=tid, args={"correlation": corr})
+
+
+def ctx_of(path):
+    bundle = hermes_kb.load(path)
+    ctx, facts = analyze_rank(bundle[bundle.rank_ids[0]])
+    return ctx, facts
+
+
+def whatif(facts, target):
+    return next(f for f in facts if f.kind == "whatif" and f.target == target)
+
+
+def test_data_loading_hidden_under_queued_device_work_removes_nothing(tmp_path):
+    # step [0, 300): launch a 200 µs kernel, then load the next batch on the host (100 µs) while
+    # the kernel runs, then wait for the kernel, then an op. The loader is hidden under the kernel:
+    # the step cannot get shorter by removing it (Amdahl on its own time would say 100 µs).
+    ev = [
+        X("user_annotation", "ProfilerStep#1", 0, 300),
+        X("cpu_op", "aten::mm", 0, 10),
+        R("cudaLaunchKernel", 2, 6, 1),  # [2, 8)
+        K("gemm", 15, 200, 1),  # [15, 215)
+        X("user_annotation", "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 10, 100),
+        X("cpu_op", "aten::to", 12, 95),  # [12, 107) inside the loader
+        R("cudaDeviceSynchronize", 110, 110, 2),  # [110, 220): returns 5 µs after the kernel
+        X("cpu_op", "aten::add", 220, 80),  # [220, 300)
+    ]
+    ctx, facts = ctx_of(write_trace(tmp_path / "t.json", ev))
+    w = whatif(facts, "dataloader")
+    assert w.own_us == pytest.approx(100.0)
+    assert w.critical_us == pytest.approx(0.0)
+    assert w.removed_all_us == pytest.approx(0.0) and w.removed_half_us == pytest.approx(0.0)
+
+
+def test_data_loading_the_device_waits_for_is_removed_in_full(tmp_path):
+    # the loader runs before the launch: everything after it moves 100 µs earlier
+    ev = [
+        X("user_annotation", "ProfilerStep#1", 0, 400),
+        X("user_annotation", "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", 0, 100),
+        X("cpu_op", "aten::to", 0, 100),
+        X("cpu_op", "aten::mm", 100, 10),
+        R("cudaLaunchKernel", 102, 6, 1),  # [102, 108)
+        K("gemm", 113, 200, 1),  # [113, 313)
+        R("cudaDeviceSynchronize", 110, 208, 2),  # [110, 318)
+        X("cpu_op", "aten::add", 318, 82),  # [318, 400)
+    ]
+    ctx, facts = ctx_of(write_trace(tmp_path / "t.json", ev))
+    w = whatif(facts, "dataloader")
+    assert w.own_us == pytest.approx(100.0) and w.critical_us == pytest.approx(100.0)
+    assert w.removed_all_us == pytest.approx(100.0) and w.removed_half_us == pytest.approx(50.0)
+
+
+def test_dropping_a_sync_lets_the_host_run_ahead(tmp_path):
+    # launch A (300 µs), sync on it, then launch B (300 µs) and wait at the end: the host's 100 µs
+    # of work between the two kernels (op after the sync) was serialised behind A. Without the
+    # first sync the host does that work while A runs: B is queued behind A and the step loses
+    # the 100 µs op plus the sync's return latency (5 µs).
+    ev = [
+        X("user_annotation", "ProfilerStep#1", 0, 720),
+        R("cudaLaunchKernel", 0, 10, 1),  # [0, 10)
+        K("a", 15, 300, 1),  # [15, 315)
+        R("cudaStreamSynchronize", 10, 310, 2),  # [10, 320): waits for A, returns 5 µs after
+        X("cpu_op", "aten::add", 320, 100),  # [320, 420): host work
+        R("cudaLaunchKernel", 420, 10, 3),  # [420, 430)
+        K("b", 435, 280, 3),  # [435, 715)
+        R("cudaDeviceSynchronize", 430, 290, 4),  # [430, 720)
+    ]
+    ctx, facts = ctx_of(write_trace(tmp_path / "t.json", ev))
+    m = ctx.shared["whatif_model"]
+    g = ctx.shared["graph"]
+    s = WhatIfSet.of_intervals("x", "the first sync", 1, [10.0], [320.0], drop_waits=True)
+    r = node_amounts(g, s, len(ctx.trace.kernels))
+    # without the first sync: the op runs [10, 110), B launched at [110, 120) starts after A
+    # (315) and ends at 595; the final sync returns 5 µs later: 600 instead of 720
+    assert evaluate(m, r, 1.0, True) == pytest.approx(120.0)
+
+
+def test_unchanged_graph_replays_the_recorded_times_exactly(tmp_path):
+    ev = [
+        X("user_annotation", "ProfilerStep#1", 0, 720),
+        R("cudaLaunchKernel", 0, 10, 1),
+        K("a", 15, 300, 1),
+        R("cudaStreamSynchronize", 10, 310, 2),
+        X("cpu_op", "aten::add", 320, 100),
+        R("cudaLaunchKernel", 420, 10, 3),
+        K("b", 435, 280, 3),
+        R("cudaDeviceSynchronize", 430, 290, 4),
+    ]
+    ctx, _ = ctx_of(write_trace(tmp_path / "t.json", ev))
+    m = ctx.shared["whatif_model"]
+    S, E = replay(m)
+    assert np.array_equal(np.array(S), m.start0) and np.array_equal(np.array(E), m.end0)
+    assert analysed_time(m, S, E) == pytest.approx(baseline_time(m))
+
+
+REAL = [
+    "kineto_2021/resnet50_num_workers_0.pt.trace.json.gz",
+    "hta/df_index_resolver/df_index_resolver.json.gz",
+    "param/linear_kineto.json.gz",
+    "param/dlrm_kineto_8rank/worker1_step_12.1694128201556.pt.trace.json.gz",
+    "ascend/msinsight_pt_text_level0_2rank",
+    "tracelens/h100__facebook_timesformer-base-finetuned-k400__1016002.json.gz",
+]
+
+
+@needs_shared()
+@pytest.mark.parametrize("rel", REAL)
+def test_real_traces_replay_exactly_and_respect_the_critical_path_bound(rel):
+    ctx, facts = ctx_of(SHARED / rel)
+    m = ctx.shared["whatif_model"]
+    S, E = replay(m)
+    assert np.abs(np.array(S) - m.start0).max() == 0.0 and np.abs(np.array(E) - m.end0).max() == 0.0
+    wf = [f for f in facts if f.kind == "whatif"]
+    assert wf
+    for f in wf:
+        # shortening events by d removes at most d from the critical path they are on (the bound
+        # is exact for the max-plus replay; removing waits is not a shortening)
+        assert 0.0 <= f.removed_half_us <= f.removed_all_us + 1e-6
+        if not f.drop_waits:
+            assert f.removed_all_us <= f.critical_us * 1.02 + 1.0, f.target
+        assert f.removed_all_us <= f.step_us
+
+
+def test_cpu_only_trace_replay_is_amdahl_on_the_main_thread():
+    path = ZOO / "loader_heavy_transform" / "bad" / "rank0.capture-profile.json.gz"
+    if not path.exists():
+        pytest.skip("scenario recording absent")
+    ctx, facts = ctx_of(path)
+    w = whatif(facts, "dataloader")
+    assert w.critical_us == pytest.approx(w.own_us, rel=1e-6)
+    assert w.removed_all_us == pytest.approx(w.own_us, rel=1e-6)
+    assert w.removed_half_us == pytest.approx(0.5 * w.own_us, rel=1e-6)
+
+
+def test_removed_at_interpolates_the_replayed_points():
+    assert removed_at(50.0, 120.0, 0.0) == 0.0
+    assert removed_at(50.0, 120.0, 0.25) == pytest.approx(25.0)
+    assert removed_at(50.0, 120.0, 0.5) == pytest.approx(50.0)
+    assert removed_at(50.0, 120.0, 0.75) == pytest.approx(85.0)
+    assert removed_at(50.0, 120.0, 1.5) == pytest.approx(120.0)
+
+
+@needs_shared()
+def test_fixes_on_the_same_events_compound_instead_of_adding():
+    ctx, facts = ctx_of(SHARED / "param/linear_kineto.json.gz")
+    m = ctx.shared["whatif_model"]
+    a = ctx.shared["whatif_amounts"]["host_work"]
+    one = removed_together(m, [(a, 0.5, False)])
+    two = removed_together(m, [(a, 0.5, False), (a, 0.5, False)])
+    # twice "remove half" of the same work is 75% of it, not 100%
+    assert one == pytest.approx(whatif(facts, "host_work").removed_half_us, rel=1e-6)
+    assert one < two <= removed_together(m, [(a, 0.75, False)]) + 1e-6
