@@ -506,6 +506,7 @@ def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
         after = label(by_ts[k]) if k < len(by_ts) and abs(ts_sorted[k] - b) < 1e-6 else None
         return before, after
 
+    frames = _PauseFrames(py[pmask & ~gm & ~mm & ~io_mask]) if len(py) and (pmask & ~gm & ~mm).any() else None
     hs, he = host_window_arrays(ctx)
     rows = []
     gap_s: list[np.ndarray] = []
@@ -532,13 +533,19 @@ def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
                                 after=after, python_function=_gap_python(py_ts, py_end, py_names, gs[j], ge[j], py_part[j]),
                                 untraced_us=float(glen[j] - py_part[j])))  # fmt: skip
         large = glen >= LARGE_GAP_US
+        pauses = _irregular_pauses(gs[large], ge[large], frames) if frames is not None else []
         mon_s, mon_e = iv.clip(M, a, b)
         rows.append({"step": w.step, "window": b - a, "step_us": w.duration_us, "outside": float(glen.sum()), "py": float(py_part.sum()),
                      "io": float(io_part.sum()), "mon": float((mon_e - mon_s).sum()),
-                     "n": len(glen), "nl": int(large.sum()), "ll": float(glen[large].sum()), "gaps": gaps})  # fmt: skip
+                     "n": len(glen), "nl": int(large.sum()), "ll": float(glen[large].sum()), "gaps": gaps,
+                     "pauses": pauses})  # fmt: skip
     if not rows:
         return []
     _register_gaps(ctx, np.concatenate(gap_s), np.concatenate(gap_e), P_io)
+    pz = [p for r in rows for p in r["pauses"]]
+    if pz and (tid := main_tid(ctx.trace)) is not None:
+        register(ctx, WhatIfSet.of_intervals("python_pauses", "gaps where ordinary Python code paused for milliseconds",
+                                             tid, [p[2] for p in pz], [p[3] for p in pz]))  # fmt: skip
 
     def make(rs: list[dict], step: int | None, gaps: list[HostGap]) -> UntracedHostTime:
         win = sum(r["window"] for r in rs)
@@ -554,6 +561,10 @@ def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
             outside_ops_ratio=div(out, win), python_ratio=div(pyt, win), untraced_ratio=div(out - pyt, win),
             gaps_count=sum(r["n"] for r in rs), large_gap_threshold_us=LARGE_GAP_US,
             large_gaps_count=sum(r["nl"] for r in rs), large_gaps_us=sum(r["ll"] for r in rs),
+            irregular_pause_us=sum(p[1] for r in rs for p in r["pauses"]),
+            irregular_pause_ratio=div(sum(p[1] for r in rs for p in r["pauses"]), win),
+            irregular_pause_count=sum(len(r["pauses"]) for r in rs),
+            irregular_frames=_top_names(p for r in rs for p in r["pauses"]),
             python_stacks=stacks, top_gaps=gaps,
             evidence=Evidence(
                 time_ranges_us=[(g.start_us, g.end_us) for g in gaps],
@@ -569,6 +580,51 @@ def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
     allgaps = sorted((g for r in rows for g in r["gaps"]), key=lambda g: -g.duration_us)[:TOP_GAPS]
     facts.append(make(rows, None, allgaps))
     return facts
+
+
+PAUSE_FACTOR = 5.0  # a call this many times its frame's median is a pause, not the frame's work
+
+
+class _PauseFrames:
+    """Python frames (not I/O, not GC, not hermes' monitor) and, per frame name, its median call
+    duration and call count: a call far above its own median is the frame stopping, not working."""
+
+    def __init__(self, py: pd.DataFrame):
+        self.ts = py["ts"].to_numpy(np.float64)
+        self.end = py["end"].to_numpy(np.float64)
+        codes, names = pd.factorize(py["name"].astype(str))
+        self.code, self.names = codes, np.asarray(names, dtype=object)
+        dur = self.end - self.ts
+        med = pd.Series(dur).groupby(codes).median()
+        self.median = med.reindex(range(len(names))).to_numpy()
+        self.count = np.bincount(codes, minlength=len(names))
+
+    def innermost(self, a: float, b: float) -> int:
+        """The latest-starting frame covering [a, b], -1 when none."""
+        m = np.flatnonzero((self.ts <= a) & (self.end >= b))
+        return int(m[np.argmax(self.ts[m])]) if len(m) else -1
+
+
+def _irregular_pauses(gs: np.ndarray, ge: np.ndarray, f: _PauseFrames) -> list[tuple[str, float]]:
+    """(frame name, pause µs) of the large gaps whose innermost covering frame took at least
+    PAUSE_FACTOR times, and LARGE_GAP_US more than, the median of its calls (at least 3)."""
+    out = []
+    for a, b in zip(gs, ge):
+        i = f.innermost(a, b)
+        if i < 0:
+            continue
+        c = f.code[i]
+        med, dur = f.median[c], f.end[i] - f.ts[i]
+        if f.count[c] >= 3 and dur >= max(PAUSE_FACTOR * med, med + LARGE_GAP_US):
+            out.append((str(f.names[c]), float(min(b - a, dur - med)), float(a), float(b)))
+    return out
+
+
+def _top_names(pauses) -> list[str]:
+    tot: dict[str, float] = {}
+    for n, us_, *_ in pauses:
+        tot[n] = tot.get(n, 0.0) + us_
+    return [n for n, _ in sorted(tot.items(), key=lambda x: -x[1])[:TOP_GAPS]]
 
 
 def _register_gaps(ctx: RankContext, gs: np.ndarray, ge: np.ndarray, p_io: iv.Intervals) -> None:

@@ -376,8 +376,12 @@ NEST_SHARE = 0.5  # a finding whose critical-path time is at least this much ano
 
 
 def _rank_key(f: Finding) -> tuple:
+    """By severity (a case that names what bounds the step rather than a defect caps its own with
+    max_severity, so an umbrella symptom never leads a defect's finding), then by what the fix
+    removes from the step (the midpoint of the speedup range), then confidence."""
     removable = f.removable_us.low + f.removable_us.high if f.removable_us is not None else 0.0
-    return (-(f.expected_speedup.low + f.expected_speedup.high), -removable, -f.confidence, f.case_id)
+    return (-SEVERITY_ORDER[f.severity], -(f.expected_speedup.low + f.expected_speedup.high), -removable,
+            -f.confidence, f.case_id)  # fmt: skip
 
 
 def _shared_time(a: Finding, b: Finding, whatif: dict) -> float:

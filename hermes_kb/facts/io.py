@@ -151,6 +151,13 @@ class UntracedHostTime(Fact):
     large_gap_threshold_us: float = us("a gap at least this long counts as large")
     large_gaps_count: int = measure("count", "gaps of at least large_gap_threshold_us")
     large_gaps_us: float = us("total length of the large gaps")
+    irregular_pause_us: float = us(
+        "of the large gaps, the time under a Python frame that is not I/O and that took at least 5x (and 1 ms more "
+        "than) the median of its other calls: ordinary code stopping for milliseconds, as a garbage collection "
+        "does (0 without Python stacks)", default=0.0)
+    irregular_pause_ratio: float = ratio("irregular_pause_us / window_us", default=0.0)
+    irregular_pause_count: int = measure("count", "large gaps with such an irregular pause", default=0)
+    irregular_frames: list[str] = Field(default_factory=list, description="the Python frames that paused, longest first")
     python_stacks: bool = Field(description="the trace records Python stacks (with_stack)")
     top_gaps: list[HostGap] = Field(default_factory=list, description="the 3 longest gaps")
     # what is left of python_us once the measuring and the waiting are taken out (only when the run's monitor

@@ -15,7 +15,7 @@ from .base import Fact, measure, ratio, us
 TARGETS = frozenset({
     "dataloader", "host_gaps", "host_gaps_large", "python_io", "tiny_ops", "optimizer", "gc", "compile", "syncs",
     "implicit_syncs", "explicit_syncs", "launch_calls", "host_work", "communication", "device_compute", "fp32_gemm",
-    "fp32_conv", "fusable",
+    "fp32_conv", "fusable", "python_pauses",
 })  # fmt: skip
 CLASS_TARGETS = frozenset({"gemm", "conv", "attention", "elementwise", "reduction", "norm", "memory", "communication",
                            "other"})  # fmt: skip
