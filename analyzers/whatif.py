@@ -358,13 +358,20 @@ def model_of(ctx: RankContext) -> SimModel | None:
 
 
 def _drops(m: SimModel, r: np.ndarray, f: float) -> np.ndarray:
-    """The waiting nodes of the set whose wait a fraction f of the fix removes (evenly spaced)."""
+    """The nodes of the calls a fraction f of the fix removes, evenly spaced: a call is a run of
+    contiguous set nodes on one thread (a blocking copy is a launch part and a waiting part), so
+    a call goes whole or stays."""
     cand = np.flatnonzero(r > 0)
     out = np.zeros(m.n, dtype=bool)
-    if len(cand):
-        k = np.arange(len(cand))
-        pick = np.floor((k + 1) * f + 1e-9) > np.floor(k * f + 1e-9)
-        out[cand[pick]] = True
+    if not len(cand):
+        return out
+    prev = np.asarray(m.lane_prev)[cand]
+    joined = np.zeros(len(cand), dtype=bool)
+    joined[1:] = (prev[1:] == cand[:-1]) & (m.end0[cand[:-1]] >= m.start0[cand[1:]])
+    call = np.cumsum(~joined) - 1
+    k = np.arange(int(call[-1]) + 1)
+    pick = np.floor((k + 1) * f + 1e-9) > np.floor(k * f + 1e-9)
+    out[cand[pick[call]]] = True
     return out
 
 

@@ -180,3 +180,26 @@ def test_fixes_on_the_same_events_compound_instead_of_adding():
     # twice "remove half" of the same work is 75% of it, not 100%
     assert one == pytest.approx(whatif(facts, "host_work").removed_half_us, rel=1e-6)
     assert one < two <= removed_together(m, [(a, 0.75, False)]) + 1e-6
+
+
+def test_half_of_the_sync_calls_go_whole(tmp_path):
+    # two blocking DtoH copies, each split into a launch part and a waiting part: removing half of
+    # the calls drops one call (both of its parts), not one part of each
+    copy = "Memcpy DtoH (Device -> Pageable)"
+    ev = [X("user_annotation", "ProfilerStep#1", 0, 1000)]
+    for i, t0 in enumerate((0, 500)):
+        ev += [R("cudaLaunchKernel", t0, 10, 10 + i), K("k", t0 + 15, 200, 10 + i),
+               R("cudaMemcpyAsync", t0 + 20, 220, 20 + i),
+               X("gpu_memcpy", copy, t0 + 215, 20, pid=0, tid=7,
+                 args={"device": 0, "stream": 7, "correlation": 20 + i, "bytes": 8})]  # fmt: skip
+    ctx, _ = ctx_of(write_trace(tmp_path / "t.json", ev))
+    from hermes_kb.analyzers.whatif import _drops
+
+    m, g = ctx.shared["whatif_model"], ctx.shared["graph"]
+    s = WhatIfSet.of_intervals("x", "the copies", 1, [20.0, 520.0], [240.0, 740.0], drop_waits=True)
+    r = node_amounts(g, s, len(ctx.trace.kernels))
+    parts = np.flatnonzero(r > 0)
+    assert len(parts) == 4  # two parts per call
+    half = np.flatnonzero(_drops(m, r, 0.5))
+    assert len(half) == 2 and g.start[half].max() - g.start[half].min() < 300  # one call, both parts
+    assert np.flatnonzero(_drops(m, r, 1.0)).tolist() == parts.tolist()
