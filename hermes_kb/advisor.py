@@ -166,7 +166,15 @@ class _MatchGain:
 
 
 def _whatif_index(facts: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
-    return {(f.get("rank"), f.get("target")): f for f in facts if f.get("kind") == "whatif"}
+    """(rank, target) -> whatif fact; (rank, "*linked") -> one of the rank's facts when its graph
+    is replayable (launch links, or no device)."""
+    out: dict[tuple, dict[str, Any]] = {}
+    for f in facts:
+        if f.get("kind") == "whatif":
+            out[(f.get("rank"), f.get("target"))] = f
+            if f.get("linked", True):
+                out[(f.get("rank"), "*linked")] = f
+    return out
 
 
 def _breakdowns(facts: list[dict[str, Any]]) -> dict[int | None, dict[str, Any]]:
@@ -201,6 +209,12 @@ def _gain(case: Case, m: Match, step_means: dict, whatif: dict, bds: dict) -> _M
     w = whatif.get((rank, g.whatif.target)) if g.whatif is not None else None
     if w is not None and w.get("linked", True) is False:
         w = None  # device work not linked to its launches: the replay's dependencies are guesses
+    if g.whatif is not None and w is None and (rank, "*linked") in whatif:
+        # the rank's graph is replayable but holds none of the events this fix shortens (e.g. an
+        # explicit-sync case where every sync is an implicit read-back): it removes nothing here
+        t = float(whatif[(rank, "*linked")]["step_us"])
+        return _MatchGain(step=t, removes=min(r, t), lo=0.0, hi=0.0, rank=rank,
+                          note=f"The rank's trace holds none of the events this fix shortens ({g.whatif.target}).")
     if w is not None and float(w.get("own_us") or 0.0) > 0 and float(w.get("step_us") or 0.0) > 0:
         t = float(w["step_us"])
         own = float(w["own_us"])
