@@ -4,9 +4,13 @@ A batch of a few samples makes every GEMM a few rows tall: the kernel streams th
 matrix for a handful of rows, far below the FMA units' rate, and the per-step costs that do not
 grow with the batch (the optimizer's pass over the parameters, operator dispatch, Python) are
 paid for those few samples. The prediction needs the CPU's peak, which only the monitor's
-environment record gives (model, vector flags, clock); see hermes_kb.cpus."""
+environment record gives (model, vector flags, clock); see hermes_kb.cpus. Where the trace has
+linear layers, a GEMM counts as thin only when its thinnest dimension is the rows those layers
+see (the batch): a narrow output layer at a large batch is not a small batch."""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pandas as pd
@@ -46,12 +50,31 @@ def _optimizer_and_operators(ctx: RankContext) -> tuple[float, float]:
     return opt, float(ops["dur"].to_numpy()[top].sum())
 
 
+def _linear_rows(g: pd.DataFrame) -> int | None:
+    """The rows the model's linear layers see (the batch, times the sequence for sequence inputs):
+    the leading dimensions of aten::linear's input, the most frequent value over the calls."""
+    lin = g[g["op"] == "aten::linear"]
+    rows: dict[int, int] = {}
+    for shape, n in zip(lin["shape"], lin["count"]):
+        m = re.match(r"\[([\d,]+)\]", str(shape))
+        dims = [int(x) for x in m.group(1).split(",")] if m else []
+        if len(dims) >= 2:
+            r = int(np.prod(dims[:-1]))
+            rows[r] = rows.get(r, 0) + int(n)
+    return max(rows, key=rows.get) if rows else None
+
+
 def per_rank(ctx: RankContext) -> list[Fact]:
     g: pd.DataFrame | None = ctx.shared.get("cpu_op_groups")
     if g is None or not len(ctx.windows):
         return []
     gemm = g[g["category"] == "gemm"]
     thin = gemm[(gemm["thin"] > 0) & (gemm["thin"] <= THIN_MAX_ROWS)]
+    rows_seen = _linear_rows(g)
+    if rows_seen is not None:
+        # a GEMM is thin because of the batch only when its thinnest dimension is the batch's
+        # rows: a 10-class output layer at batch 64 is 10 wide, not a small batch
+        thin = thin[thin["thin"] == rows_seen]
     if not len(thin) or float(thin["time"].sum()) <= 0:
         return []
     window = ctx.windows_us

@@ -127,3 +127,26 @@ def test_small_batch_scenario_is_diagnosed():
     assert bad[0].expected_speedup.low == pytest.approx(t.step_us / (t.step_us - t.per_sample_saving_low_us), rel=1e-3)
     assert bad[0].expected_speedup.high == pytest.approx(t.step_us / (t.step_us - t.per_sample_saving_high_us), rel=1e-3)
     assert "C-COMP-020" not in [f.case_id for f in hermes_kb.advise(d / "fixed").findings]
+
+
+def test_a_narrow_output_layer_at_a_large_batch_is_not_a_small_batch(tmp_path):
+    # batch 64: the hidden layer's GEMM is 64 rows, the 10-class head's is 10 wide (its thinnest
+    # dimension); the head dominates the GEMM time, but the batch is not small
+    ev = [
+        X("user_annotation", "ProfilerStep#1", 0, 1000),
+        X("cpu_op", "aten::linear", 10, 100, args={"External id": 1, "Input Dims": [[64, 256], [256, 256], [256]],
+                                                   "Input type": ["float", "float", "float"]}),  # fmt: skip
+        X("cpu_op", "aten::linear", 200, 500, args={"External id": 2, "Input Dims": [[64, 256], [10, 256], [10]],
+                                                    "Input type": ["float", "float", "float"]}),  # fmt: skip
+    ]
+    trace = next(iter(hermes_kb.load(write_trace(tmp_path / "head.json", ev))))
+    trace.meta.host_cpu, trace.meta.torch_threads = AVX512_2GHZ, 2
+    ctx, _ = step_context(trace)
+    compute.per_rank(ctx)
+    assert cpu_batch.per_rank(ctx) == []
+    # the same layers at batch 4: the 4-row GEMMs are thin (the head's 4 rows too)
+    ev4 = [dict(e) for e in ev]
+    for e in ev4[1:]:
+        e["args"] = {**e["args"], "Input Dims": [[4, 256]] + e["args"]["Input Dims"][1:]}
+    f = thin_fact(write_trace(tmp_path / "b4.json", ev4), AVX512_2GHZ, 2)
+    assert f is not None and f.thin_rows == 4 and f.thin_gemm_ratio == pytest.approx(1.0)
