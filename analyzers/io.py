@@ -362,7 +362,7 @@ def _dataloader(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
             python_stacks=stacks, h2d_device_us=s(h2d_dev),
             processing_us=comp["processing"], reading_us=comp["reading"], fetching_us=comp["fetching"],
             worker_wait_us=comp["worker_wait"], unattributed_us=comp["unattributed"], data_time_us=total,
-            data_share_ratio=div(total, step_us),
+            data_share_ratio=div(total, step_us), fetching_ratio=div(comp["fetching"], step_us),
             classification=cls, classification_ratio=div(comp[best], total) if cls != "undetermined" else div(comp["unattributed"], total),
             top_python=top,
             evidence=Evidence(

@@ -69,6 +69,7 @@ class DataLoaderWait(Fact):
     unattributed_us: float = us("single-process or other iterator: untraced time inside it (I/O or Python work not recorded)")  # fmt: skip
     data_time_us: float = us("sum of the five components above")
     data_share_ratio: float = ratio("data_time_us / step_us")
+    fetching_ratio: float = ratio("fetching_us / step_us: the copies' share of the step, whatever else the loader waits for", default=0.0)
     classification: DataClass = Field(
         description="largest component; 'undetermined' when unattributed_us is the largest or data_time_us is 0"
     )
