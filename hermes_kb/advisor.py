@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-from jinja2.sandbox import SandboxedEnvironment
 
 from . import __version__
 from .analysis import analyze_with_replay
@@ -29,6 +28,7 @@ from .facts.breakdown import COMPONENTS, StepBreakdown
 from .kb.engine import EngineName, Inference, Match, infer
 from .kb.loader import KnowledgeBase, load_kb, load_overrides
 from .kb.models import Case
+from .kb.templates import BoundedSandbox
 from .analyzers.whatif import removed_at
 from .report import (
     SEVERITY_ORDER,
@@ -90,7 +90,8 @@ def _mb(v: Any) -> str:
     return f"{float(v) / 1e6:,.1f} MB" if isinstance(v, (int, float)) else "?"
 
 
-_ENV = SandboxedEnvironment(undefined=jinja2.ChainableUndefined, autoescape=False)
+# jinja2's sandbox that also bounds repetition, padding and output size (kb/templates.py, issue 18)
+_ENV = BoundedSandbox(undefined=jinja2.ChainableUndefined, autoescape=False)
 _ENV.filters.update(ms=_ms, pct=_pct, mb=_mb, us=lambda v: f"{float(v):,.1f} µs" if isinstance(v, (int, float)) else "?")
 
 
@@ -531,7 +532,22 @@ def _summary(bundle: TraceBundle, facts: list[Fact]) -> list[RankSummary]:
     return out
 
 
-def advise_bundle(
+@dataclass
+class Advised:
+    """A Report and what it was made from: the facts, the bundle, the monitor's run log (the
+    HTML report, `hermes annotate` and `hermes diff` read them beside the report)."""
+
+    report: Report
+    facts: list[Fact]
+    bundle: TraceBundle | None = None
+    run: Any = None  # monitor.reader.RunLog for a RUN_DIR
+
+
+def _no_stage(what: str) -> None:
+    return None
+
+
+def advise_bundle_full(
     bundle: TraceBundle,
     *,
     config: str | os.PathLike | None = None,
@@ -539,17 +555,25 @@ def advise_bundle(
     top: int | None = None,
     rank: int | None = None,
     facts: list[Fact] | None = None,
-) -> Report:
+    stage=_no_stage,
+) -> Advised:
+    """``advise_bundle``, keeping the facts; ``stage(text)`` is told as the work advances."""
     kb = knowledge_base(config)
-    facts, replay = (facts, {}) if facts is not None else analyze_with_replay(bundle)
+    if facts is None:
+        stage(f"analysing {len(bundle)} rank(s)")
+        facts, replay = analyze_with_replay(bundle)
+    else:
+        replay = {}
+    stage("rules and cases")
     inf = infer(kb, facts, engine)
+    stage("findings and gains")
     findings, combined, left = diagnose(inf, kb, _platform(bundle), replay, rank=rank, top=top)
     warnings = [f"skipped {p.message}" for p in bundle.problems] + list(bundle.warnings)
     warnings += [f"analyzer {f.analyzer} failed on rank {f.rank}: {f.message}" for f in facts if f.kind == "analyzer_error"]
     summary = _summary(bundle, facts)
     if rank is not None:
         summary = [s for s in summary if s.rank == rank]
-    return Report(
+    report = Report(
         hermes_version=__version__,
         inputs=Inputs(sources=bundle.sources, ranks=bundle.rank_ids, skipped=[p.path for p in bundle.problems]),
         summary=summary,
@@ -559,6 +583,19 @@ def advise_bundle(
         kb=KbInfo(rules=len(kb.active_rules()), cases=len(kb.active_cases()), engine=inf.engine),
         warnings=warnings,
     )
+    return Advised(report=report, facts=facts, bundle=bundle)
+
+
+def advise_bundle(
+    bundle: TraceBundle,
+    *,
+    config: str | os.PathLike | None = None,
+    engine: EngineName = "auto",
+    top: int | None = None,
+    rank: int | None = None,
+    facts: list[Fact] | None = None,
+) -> Report:
+    return advise_bundle_full(bundle, config=config, engine=engine, top=top, rank=rank, facts=facts).report
 
 
 def diagnose(inf: Inference, kb: KnowledgeBase, platform: str, replay: dict, *, rank: int | None = None,

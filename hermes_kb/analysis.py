@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -12,8 +11,10 @@ from typing import Any
 from .facts.base import Fact
 from .cpus import usable_cpus
 from .trace import TraceBundle, load
+from .workers import Died, can_fork, run_each
 
 _BUNDLE: TraceBundle | None = None  # read by forked workers
+_FORK_LOCK = threading.Lock()
 
 
 @dataclass
@@ -38,8 +39,9 @@ def _workers(n: int, max_workers: int | None) -> int:
 
 
 def analyze_bundle(bundle: TraceBundle, *, max_workers: int | None = None) -> list[Fact]:
-    """Per-rank analyzers (in parallel forked workers when there are several ranks and cores),
-    then the cross-rank ones. Facts come back ordered: per rank in rank order, then job-wide."""
+    """Per-rank analyzers (in parallel forked workers when there are several ranks and cores and
+    no other thread runs in this process; else here, rank after rank), then the cross-rank ones.
+    Facts come back ordered: per rank in rank order, then job-wide."""
     return analyze_with_replay(bundle, max_workers=max_workers)[0]
 
 
@@ -51,21 +53,25 @@ def analyze_with_replay(bundle: TraceBundle, *, max_workers: int | None = None) 
     global _BUNDLE
     ranks = bundle.rank_ids
     n = _workers(len(ranks), max_workers)
-    if n > 1 and sys.platform.startswith("linux"):
-        _BUNDLE = bundle
-        try:
-            with mp.get_context("fork").Pool(n) as pool:
-                results = pool.map(_rank_job, ranks, chunksize=1)
-        finally:
-            _BUNDLE = None
-        # the contexts hold the frames: rebuild them here (cheap) rather than ship them back
-        contexts = {}
-        for r, (ctx, _) in zip(ranks, results):
-            ctx.trace = bundle[r]
-            contexts[r] = ctx
-    else:
+    results: list = []
+    if n > 1 and can_fork():
+        with _FORK_LOCK:  # _BUNDLE is read by the children forked while it is set
+            _BUNDLE = bundle
+            try:
+                results = run_each(_rank_job, [(r,) for r in ranks], n)
+            finally:
+                _BUNDLE = None
+        # a rank whose worker died or failed is analysed here instead (an analyzer's own errors
+        # are already facts, so this is a worker killed from outside, or a result that did not
+        # come back); the contexts hold the frames: rebuilt here (cheap) rather than shipped back
+        for i, r in enumerate(ranks):
+            if isinstance(results[i], (Died, BaseException)):
+                results[i] = analyze_rank(bundle[r])
+            else:
+                results[i][0].trace = bundle[r]
+    else:  # one rank, one core, or a process where forking is not safe (other threads running)
         results = [analyze_rank(bundle[r]) for r in ranks]
-        contexts = {r: ctx for r, (ctx, _) in zip(ranks, results)}
+    contexts = {r: ctx for r, (ctx, _) in zip(ranks, results)}
     facts: list[Fact] = [f for _, fs in results for f in fs]
     facts.extend(analyze_cross_rank(contexts, facts))
     replay = {r: ReplayState(c.shared["whatif_model"], c.shared.get("whatif_amounts", {}),

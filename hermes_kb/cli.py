@@ -1,4 +1,8 @@
-"""The `hermes` command: wiring only; the work lives in the library."""
+"""The `hermes` command: wiring only; the work lives in the library.
+
+Every string that came from a trace is cleaned of control characters before it reaches the
+terminal (hermes_kb/sanitize.py); usage mistakes exit 2 and name what exists; config mistakes
+exit 6 and name the user's file (docs/cli.md lists every exit code)."""
 
 from __future__ import annotations
 
@@ -13,12 +17,15 @@ import typer
 from . import __version__
 from .errors import EXIT_FINDINGS, EXIT_OK, HermesError
 
+CONTEXT = {"help_option_names": ["-h", "--help"]}
+
 app = typer.Typer(
     name="hermes",
     help="Explain why deep-learning training is slow, from profiler traces.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings=CONTEXT,
 )
 
 
@@ -28,21 +35,28 @@ class Format(str, Enum):
 
 
 def _fail(err: HermesError) -> None:
-    typer.echo(f"hermes: error: {err}", err=True)
+    from .sanitize import clean
+
+    typer.echo(f"hermes: error: {clean(str(err))}", err=True)
     raise typer.Exit(err.exit_code)
 
 
-def _load(paths: list[Path]):
+def _warn(notes: list[str]) -> None:
+    from .sanitize import clean
+
+    for note in notes:
+        typer.echo(f"hermes: warning: {clean(note)}", err=True)
+
+
+def _load(paths: list[Path], st, notes: list[str]):
+    """Load traces with progress; the loader's warnings go to ``notes`` (printed once the
+    progress display is gone)."""
     from .trace import load
 
-    from .render.progress import load_progress
-
-    with load_progress(len(paths)) as progress:
-        bundle = load([str(p) for p in paths], progress=progress)
-    for problem in bundle.problems:
-        typer.echo(f"hermes: warning: skipped {problem.message}", err=True)
-    for note in bundle.warnings:
-        typer.echo(f"hermes: warning: {note}", err=True)
+    st.reading([str(p) for p in paths])
+    bundle = load([str(p) for p in paths], progress=st.loaded if st.live else None)
+    notes.extend(f"skipped {problem.message}" for problem in bundle.problems)
+    notes.extend(bundle.warnings)
     return bundle
 
 
@@ -53,9 +67,20 @@ def _run_dir(paths: list[Path]) -> Path | None:
     return as_run_dir(paths)
 
 
-def _warn(notes: list[str]) -> None:
-    for note in notes:
-        typer.echo(f"hermes: warning: {note}", err=True)
+def _run_dir_ranks(run_dir: Path) -> list[int]:
+    from .monitor.reader import LOG_RE
+
+    return sorted(int(m.group(1)) for c in run_dir.iterdir() if (m := LOG_RE.match(c.name)))
+
+
+def _config(config: Path | None):
+    """Check the user's --config against the knowledge base (ConfigError / UsageError)."""
+    if config is None:
+        return
+    from .advisor import knowledge_base
+    from .checks import read_config
+
+    read_config(config, knowledge_base())
 
 
 @app.command()
@@ -64,12 +89,19 @@ def inspect(
     fmt: Annotated[Format, typer.Option("--format", "-f", help="table or json")] = Format.table,
 ) -> None:
     """Show what was loaded, per rank: events by kind, steps, time span, device, world size."""
+    from .checks import bundle_warnings
+    from .render.progress import stages
     from .trace.summary import summarize
 
+    notes: list[str] = []
     try:
-        summary = summarize(_load(paths))
+        with stages() as st:
+            bundle = _load(paths, st, notes)
+            summary = summarize(bundle)
+        notes += bundle_warnings(bundle)
     except HermesError as err:
         _fail(err)
+    _warn(notes)
     if fmt is Format.json:
         typer.echo(json.dumps(summary.model_dump(), indent=2))
         return
@@ -82,22 +114,32 @@ def inspect(
 def analyze(
     paths: Annotated[list[Path], typer.Argument(help="trace file(s), a directory of per-rank traces, or a monitor RUN_DIR")],
     fmt: Annotated[Format, typer.Option("--format", "-f", help="table or json")] = Format.table,
-    kind: Annotated[list[str] | None, typer.Option("--kind", "-k", help="only facts of these kinds")] = None,
+    kind: Annotated[list[str] | None, typer.Option("--kind", "-k", help="only facts of these kinds (hermes schema facts)")] = None,
 ) -> None:
     """Measure the trace (or the monitor logs of a run) and print the typed facts the analyzers emit."""
-    from .analysis import analyze_bundle
+    from .checks import bundle_warnings, check_kinds, run_warnings
+    from .render.progress import stages
 
+    notes: list[str] = []
     try:
-        if (run_dir := _run_dir(paths)) is not None:
-            from .run_advice import analyze_run_dir
+        check_kinds(kind)
+        with stages() as st:
+            if (run_dir := _run_dir(paths)) is not None:
+                from .run_advice import analyze_run_dir
 
-            ra = analyze_run_dir(run_dir)
-            _warn(ra.warnings)
-            facts = ra.facts
-        else:
-            facts = analyze_bundle(_load(paths))
+                st.stage(f"analysing the monitor logs of {run_dir.name}")
+                ra = analyze_run_dir(run_dir)
+                notes += ra.warnings + run_warnings(ra.run)
+                facts = ra.facts
+            else:
+                from .pipeline import analyze_staged
+
+                bundle = _load(paths, st, notes)
+                notes += bundle_warnings(bundle)
+                facts = analyze_staged(bundle, st)[0]
     except HermesError as err:
         _fail(err)
+    _warn(notes)
     if kind:
         facts = [f for f in facts if f.kind in set(kind)]
     if fmt is Format.json:
@@ -112,6 +154,7 @@ class ReportFormat(str, Enum):
     term = "term"
     md = "md"
     json = "json"
+    html = "html"
 
 
 class SeverityOpt(str, Enum):
@@ -126,10 +169,30 @@ class EngineOpt(str, Enum):
     python = "python"
 
 
+def _advised(paths: list[Path], *, config, engine: str, top=None, rank=None, st=None, notes: list[str]):
+    """Load and advise PATHS (traces or a RUN_DIR) through the pipeline, with the input checks."""
+    from .checks import bundle_warnings, check_rank, run_warnings
+    from .pipeline import advise_run, advise_traces
+
+    if (run_dir := _run_dir(paths)) is not None:
+        check_rank(rank, _run_dir_ranks(run_dir), str(run_dir))
+        adv = advise_run(run_dir, config=config, engine=engine, top=top, rank=rank, stages=st)
+        extra = run_warnings(adv.run)
+        notes += adv.report.warnings
+    else:
+        bundle = _load(paths, st, notes)
+        check_rank(rank, bundle.rank_ids, ", ".join(str(p) for p in paths))
+        extra = bundle_warnings(bundle)
+        adv = advise_traces(bundle, config=config, engine=engine, top=top, rank=rank, stages=st)
+    notes += extra
+    adv.report.warnings += extra
+    return adv
+
+
 @app.command()
 def advise(
     paths: Annotated[list[Path], typer.Argument(help="trace file(s), a directory of per-rank traces, or a monitor RUN_DIR")],
-    fmt: Annotated[ReportFormat, typer.Option("--format", "-f", help="term, md or json")] = ReportFormat.term,
+    fmt: Annotated[ReportFormat, typer.Option("--format", "-f", help="term, md, json or html")] = ReportFormat.term,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="write the report to this file")] = None,
     top: Annotated[int | None, typer.Option("--top", help="show at most N findings", min=1)] = None,
     rank: Annotated[int | None, typer.Option("--rank", help="only findings involving this rank")] = None,
@@ -140,32 +203,39 @@ def advise(
     engine: Annotated[EngineOpt, typer.Option("--engine", help="rules engine")] = EngineOpt.auto,
 ) -> None:
     """Diagnose: bottlenecks, causes, concrete optimizations and their expected speedup."""
-    from .advisor import advise_bundle
-    from .render.report import render_json, render_markdown, render_terminal_markup
+    from .render.progress import stages
+    from .render.report import render_json, render_markdown, render_terminal
     from .report import SEVERITY_ORDER
 
+    notes: list[str] = []
     try:
-        if (run_dir := _run_dir(paths)) is not None:
-            from .run_advice import advise_run_dir
+        _config(config)
+        with stages() as st:
+            adv = _advised(paths, config=config, engine=engine.value, top=top, rank=rank, st=st, notes=notes)
+            st.stage("writing the report")
+            report = adv.report
+            text = None
+            if fmt in (ReportFormat.json, ReportFormat.html):
+                from .render.details import with_details
 
-            report = advise_run_dir(run_dir, config=config, engine=engine.value, top=top, rank=rank)
-            _warn(report.warnings)
-        else:
-            report = advise_bundle(_load(paths), config=config, engine=engine.value, top=top, rank=rank)
+                report = with_details(report, adv.facts, adv.run)
+                if fmt is ReportFormat.json:
+                    text = render_json(report) + "\n"
+                else:
+                    from .render.html import render_html
+
+                    text = render_html(report)
+            elif fmt is ReportFormat.md:
+                text = render_markdown(report)
     except HermesError as err:
         _fail(err)
-    if fmt is ReportFormat.json:
-        text = render_json(report) + "\n"
-    elif fmt is ReportFormat.md:
-        text = render_markdown(report)
-    else:
-        text = None
+    _warn(notes)
     if output is not None:
         if text is None:
             from rich.console import Console
 
             with output.open("w", encoding="utf-8") as fh:
-                Console(file=fh, width=120, no_color=True).print(render_terminal_markup(report), highlight=False)
+                Console(file=fh, width=120, no_color=True).print(render_terminal(report), highlight=False)
         else:
             output.write_text(text, encoding="utf-8")
     elif text is not None:
@@ -173,13 +243,105 @@ def advise(
     else:
         from .render.inspect_table import console_for_output
 
-        console_for_output().print(render_terminal_markup(report), highlight=False)
+        console_for_output().print(render_terminal(report), highlight=False)
     worst = report.worst_severity()
     if fail_on is not None and worst is not None and SEVERITY_ORDER[worst] >= SEVERITY_ORDER[fail_on.value]:
         raise typer.Exit(EXIT_FINDINGS)
 
 
-kb_app = typer.Typer(help="Check, test and browse the knowledge base (rules/ and cases/).", no_args_is_help=True)
+class DiffFormat(str, Enum):
+    term = "term"
+    md = "md"
+    json = "json"
+    html = "html"
+
+
+@app.command()
+def diff(
+    before: Annotated[Path, typer.Argument(help="the run before the change: trace file, directory of per-rank traces, or RUN_DIR")],
+    after: Annotated[Path, typer.Argument(help="the run after the change (same kinds of input)")],
+    fmt: Annotated[DiffFormat, typer.Option("--format", "-f", help="term, md, json or html")] = DiffFormat.term,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="write the diff to this file")] = None,
+    top: Annotated[int, typer.Option("--top", min=1, help="operators and kernels listed per direction")] = 10,
+    config: Annotated[Path | None, typer.Option("--config", help="YAML of threshold overrides per rule/case id")] = None,
+    engine: Annotated[EngineOpt, typer.Option("--engine", help="rules engine")] = EngineOpt.auto,
+) -> None:
+    """Compare two runs: step time per rank by component, the operators and kernels that changed
+    most, findings resolved / new / unchanged, and whether each resolved finding's predicted gain
+    was met."""
+    from .diff import diff_advised
+    from .render.diff import render_diff_html, render_diff_json, render_diff_markdown, render_diff_terminal
+    from .render.progress import stages
+
+    notes: list[str] = []
+    try:
+        _config(config)
+        with stages() as st:
+            st.stage(f"before: {before.name}")
+            a = _advised([before], config=config, engine=engine.value, st=st, notes=notes)
+            st.stage(f"after: {after.name}")
+            b = _advised([after], config=config, engine=engine.value, st=st, notes=notes)
+            st.stage("comparing")
+            result = diff_advised(a, b, top=top)
+    except HermesError as err:
+        _fail(err)
+    _warn(notes)
+    if fmt is DiffFormat.term:
+        if output is not None:
+            from rich.console import Console
+
+            with output.open("w", encoding="utf-8") as fh:
+                Console(file=fh, width=120, no_color=True).print(render_diff_terminal(result), highlight=False)
+        else:
+            from .render.inspect_table import console_for_output
+
+            console_for_output().print(render_diff_terminal(result), highlight=False)
+        return
+    text = {DiffFormat.md: render_diff_markdown, DiffFormat.json: render_diff_json,
+            DiffFormat.html: render_diff_html}[fmt](result)  # fmt: skip
+    if output is not None:
+        output.write_text(text, encoding="utf-8")
+    else:
+        typer.echo(text, nl=False)
+
+
+@app.command()
+def annotate(
+    paths: Annotated[list[Path], typer.Argument(help="Kineto trace file(s) (.json / .json.gz) or a directory of them")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="the annotated trace (.json or .json.gz); a directory "
+                                          "when several ranks are given")],  # fmt: skip
+    config: Annotated[Path | None, typer.Option("--config", help="YAML of threshold overrides per rule/case id")] = None,
+    engine: Annotated[EngineOpt, typer.Option("--engine", help="rules engine")] = EngineOpt.auto,
+) -> None:
+    """Write the trace back with extra tracks for the Perfetto UI and chrome://tracing: each
+    step's critical path, and each finding's evidence windows named by case id."""
+    from .annotate import annotate_bundle
+    from .render.progress import stages
+
+    notes: list[str] = []
+    try:
+        _config(config)
+        with stages() as st:
+            adv = _advised(paths, config=config, engine=engine.value, st=st, notes=notes)
+            if adv.run is not None:
+                from .errors import UsageError
+
+                raise UsageError("annotate writes a Kineto trace back: give the trace file(s), not a monitor RUN_DIR "
+                                 "(its captures are rank<R>.capture<ID>.json.gz inside it)")  # fmt: skip
+            st.stage("writing the annotated trace(s)")
+            written = annotate_bundle(adv, output)
+    except HermesError as err:
+        _fail(err)
+    _warn(notes)
+    from .sanitize import clean
+
+    for w in written:
+        typer.echo(f"wrote {clean(w.path)}: {w.original_events:,} original events + {w.added_events:,} added "
+                   f"({w.path_segments:,} critical-path segments, {w.evidence_windows:,} evidence windows)")  # fmt: skip
+
+
+kb_app = typer.Typer(help="Check, test and browse the knowledge base (rules/ and cases/).", no_args_is_help=True,
+                     context_settings=CONTEXT)  # fmt: skip
 app.add_typer(kb_app, name="kb")
 
 
@@ -205,9 +367,14 @@ def kb_test(
     engine: Annotated[EngineOpt, typer.Option("--engine", help="auto runs both engines when durable-rules is installed")] = EngineOpt.auto,
 ) -> None:
     """Run every example (fire / no_fire) and an automatic probe of each threshold, on both engines."""
+    from .checks import check_item
     from .kb.testing import run_examples
 
     kb = _kb()
+    try:
+        check_item(kb, item)
+    except HermesError as err:
+        _fail(err)
     engines = None if engine is EngineOpt.auto else [engine.value]
     report = run_examples(kb, only=item, engines=engines)
     for r in report.failures:
@@ -222,16 +389,20 @@ def kb_test(
 
 @kb_app.command("list")
 def kb_list(fmt: Annotated[Format, typer.Option("--format", "-f")] = Format.table) -> None:
-    """Every rule and case: id, status, category, title."""
+    """Every rule and case, rules first, each sorted by id: id, status, category, title."""
+    from .checks import id_key
+
     kb = _kb()
     rows = [{"id": e.item.id, "status": e.item.status,
              "category": getattr(e.item, "category", None) or e.item.emit.category,
              "cause": getattr(e.item, "cause", ""), "title": e.item.title, "file": e.path}
             for e in (*kb.rules, *kb.cases)]  # fmt: skip
+    rows.sort(key=lambda r: id_key(r["id"]))
     if fmt is Format.json:
         typer.echo(json.dumps(rows, indent=1))
         return
     from rich.table import Table
+    from rich.text import Text
 
     from .render.inspect_table import console_for_output
 
@@ -239,7 +410,7 @@ def kb_list(fmt: Annotated[Format, typer.Option("--format", "-f")] = Format.tabl
     for col in ("id", "status", "category", "cause", "title"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["id"], r["status"], r["category"], r["cause"], r["title"])
+        table.add_row(*(Text(str(r[c] or "")) for c in ("id", "status", "category", "cause", "title")))
     console_for_output().print(table)
 
 
@@ -248,10 +419,14 @@ def kb_show(item: Annotated[str, typer.Argument(help="rule or case id")]) -> Non
     """The rule or case as loaded (YAML), with its parameters in force."""
     import yaml
 
+    from .checks import check_item
+
     kb = _kb()
+    try:
+        check_item(kb, item)
+    except HermesError as err:
+        _fail(err)
     entry = kb.by_id(item)
-    if entry is None:
-        _fail(HermesError(f"no rule or case with id {item!r} (see hermes kb list)"))
     typer.echo(f"# {entry.path}")
     typer.echo(yaml.safe_dump(entry.item.model_dump(by_alias=True, exclude_none=True), sort_keys=False, allow_unicode=True))
 
@@ -259,23 +434,68 @@ def kb_show(item: Annotated[str, typer.Argument(help="rule or case id")]) -> Non
 @kb_app.command("explain")
 def kb_explain(
     item: Annotated[str, typer.Argument(help="case or rule id")],
-    paths: Annotated[list[Path], typer.Argument(help="trace file(s) or directory")],
+    paths: Annotated[list[Path], typer.Argument(help="trace file(s), a directory of per-rank traces, or a monitor RUN_DIR")],
 ) -> None:
-    """On a real trace: why ITEM did or did not fire, condition by condition, with the values seen."""
-    from .analysis import analyze_bundle
+    """On a real trace or run: why ITEM did or did not fire, condition by condition, with the values seen."""
+    from .checks import check_item
     from .kb.explain import explain
+    from .render.progress import stages
+    from .sanitize import clean
 
     kb = _kb()
-    if kb.by_id(item) is None:
-        _fail(HermesError(f"no rule or case with id {item!r} (see hermes kb list)"))
+    notes: list[str] = []
     try:
-        facts = analyze_bundle(_load(paths))
+        check_item(kb, item)
+        with stages() as st:
+            if (run_dir := _run_dir(paths)) is not None:
+                from .run_advice import analyze_run_dir
+
+                st.stage(f"analysing the monitor logs of {run_dir.name}")
+                ra = analyze_run_dir(run_dir)
+                notes += ra.warnings
+                facts = ra.facts
+            else:
+                from .pipeline import analyze_staged
+
+                facts = analyze_staged(_load(paths, st, notes), st)[0]
     except HermesError as err:
         _fail(err)
-    typer.echo(explain(kb, item, facts))
+    _warn(notes)
+    typer.echo(clean(explain(kb, item, facts)))
 
 
-monitor_app = typer.Typer(help="The always-on training monitor's logs (hermes_kb.monitor).", no_args_is_help=True)
+class CoverageFormat(str, Enum):
+    table = "table"
+    md = "md"
+    json = "json"
+
+
+@kb_app.command("coverage")
+def kb_coverage(
+    fmt: Annotated[CoverageFormat, typer.Option("--format", "-f")] = CoverageFormat.table,
+    shared: Annotated[Path | None, typer.Option("--shared", help="the shared real traces (default: ../shared/data)")] = None,
+    no_shared: Annotated[bool, typer.Option("--no-shared", help="leave the real traces out")] = False,
+    only: Annotated[list[str] | None, typer.Option("--only", help="source kinds: real, scenario, example")] = None,
+    jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="worker processes (default: usable cores, at most 4)")] = None,
+    write: Annotated[Path | None, typer.Option("--write", help="with --format md: replace the coverage section of this file")] = None,
+) -> None:
+    """For every case, where it fires: real traces, recorded scenarios, bundled examples (each analysed once)."""
+    import sys
+
+    from .kb.coverage import command
+
+    kb = _kb()
+    tty = sys.stderr.isatty()
+    try:
+        command(kb, fmt=fmt.value, shared=shared, no_shared=no_shared, only=only, jobs=jobs, write=write, echo=typer.echo,
+                progress=(lambda j: typer.echo(f"  {j.source.kind} {j.source.name}: {len(j.fired)} case(s)", err=True))
+                if tty else None)  # fmt: skip
+    except HermesError as err:
+        _fail(err)
+
+
+monitor_app = typer.Typer(help="The always-on training monitor's logs (hermes_kb.monitor).", no_args_is_help=True,
+                          context_settings=CONTEXT)  # fmt: skip
 app.add_typer(monitor_app, name="monitor")
 
 
@@ -285,11 +505,22 @@ def monitor_profile(
     steps: Annotated[int, typer.Option("--steps", min=1, help="steps to capture")] = 3,
 ) -> None:
     """Ask every rank of a running job to capture the next STEPS steps with torch.profiler."""
-    from .errors import InputNotFoundError
+    from .errors import InputNotFoundError, UsageError
     from .monitor.capture import write_request
+    from .monitor.logs import status
 
     if not run_dir.is_dir():
         _fail(InputNotFoundError("no such directory", str(run_dir)))
+    rows = status(run_dir)
+    if not rows:
+        _fail(UsageError("no monitor logs (rank<R>.jsonl) here: nothing would pick up the request; start the job with "
+                         "hermes_kb.monitor.Monitor(RUN_DIR) first", str(run_dir)))  # fmt: skip
+    done = [r["rank"] for r in rows if r["finished"]]
+    if len(done) == len(rows):
+        _fail(UsageError(f"the run has finished (every rank, {', '.join(map(str, sorted(done)))}, wrote its end "
+                         f"record): nothing would pick up the request", str(run_dir)))  # fmt: skip
+    if done:
+        _warn([f"rank(s) {', '.join(map(str, sorted(done)))} finished: only the others will capture"])
     req = write_request(run_dir, steps)
     typer.echo(f"requested capture {req['id']} of {steps} step(s); each rank writes rank<R>.capture{req['id']}.json.gz")
 
@@ -312,10 +543,12 @@ def monitor_status(
         typer.echo(json.dumps(rows, indent=1))
         return
     from rich.table import Table
+    from rich.text import Text
 
     from .render.inspect_table import console_for_output
+    from .sanitize import clean_line
 
-    table = Table(title=f"monitor: {run_dir}", title_justify="left")
+    table = Table(title=Text(f"monitor: {clean_line(run_dir)}"), title_justify="left")
     for col in ("rank", "steps", "last step", "median step", "data wait", "GC", "fluctuations", "recent", "finished"):
         table.add_column(col)
     for r in rows:
@@ -327,7 +560,8 @@ def monitor_status(
     console_for_output().print(table)
 
 
-schema_app = typer.Typer(help="JSON Schemas of what hermes reads and writes.", no_args_is_help=True)
+schema_app = typer.Typer(help="JSON Schemas of what hermes reads and writes.", no_args_is_help=True,
+                         context_settings=CONTEXT)  # fmt: skip
 app.add_typer(schema_app, name="schema")
 
 
@@ -351,6 +585,14 @@ def schema_report(output: Annotated[Path | None, typer.Option("--output", "-o")]
     from .report import Report
 
     _emit_schema(Report.model_json_schema(), output)
+
+
+@schema_app.command("diff")
+def schema_diff(output: Annotated[Path | None, typer.Option("--output", "-o")] = None) -> None:
+    """The JSON Schema of what `hermes diff --format json` prints."""
+    from .diff import DiffResult
+
+    _emit_schema(DiffResult.model_json_schema(), output)
 
 
 @schema_app.command("rule")
@@ -396,7 +638,9 @@ def main() -> None:
     try:
         app()
     except HermesError as err:  # a library error that escaped a command's own handling
-        print(f"hermes: error: {err}", file=sys.stderr)
+        from .sanitize import clean
+
+        print(f"hermes: error: {clean(str(err))}", file=sys.stderr)
         sys.exit(err.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -13,6 +13,7 @@ EXIT_USAGE = 2  # bad command-line usage (typer/click's own code)
 EXIT_NOT_FOUND = 3  # a path that does not exist
 EXIT_BAD_INPUT = 4  # a file that cannot be read as a trace (or a bad rule/case file)
 EXIT_NO_TRACES = 5  # nothing loadable: a directory without traces, or every rank damaged
+EXIT_CONFIG = 6  # the user's --config file is unreadable or wrong (names the file)
 
 
 class HermesError(Exception):
@@ -46,3 +47,36 @@ class BadTraceError(HermesError):
 
 class NoTracesError(HermesError):
     exit_code = EXIT_NO_TRACES
+
+
+class UsageError(HermesError):
+    """A command line that names something that does not exist (a fact kind, a case id, a rank):
+    the message names what does exist."""
+
+    exit_code = EXIT_USAGE
+
+
+class ConfigError(HermesError):
+    """The user's ``--config`` file (threshold overrides) cannot be used; ``path`` is that file."""
+
+    exit_code = EXIT_CONFIG
+
+
+# The largest rank number hermes accepts from a file (distributedInfo, profiler_info, a file
+# name): far above any real job, far below what breaks an int64 column or a dict of ranks.
+MAX_RANK = 1 << 24
+
+
+def as_rank(value: object) -> int | None:
+    """A rank number from a file: a non-negative int (or a string of digits) up to MAX_RANK;
+    anything else (1e30, -1, true, "3.5") is not a rank."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        text = value.strip()
+        if not text.isdigit() or len(text) > 9:
+            return None
+        value = int(text)
+    if isinstance(value, int) and 0 <= value <= MAX_RANK:
+        return value
+    return None

@@ -91,6 +91,7 @@ class Unexplained(BaseModel):
     """A bottleneck a rule derived that no case explains: reported with its candidate causes."""
 
     rule_id: str
+    title: str = Field(default="", description="what the rule measured (its title), or the breakdown's statement")
     category: str
     component: str = Field(description="breakdown component (compute, communication, host, data, idle) or the rule's")
     ranks: list[int]
@@ -104,6 +105,38 @@ class Unexplained(BaseModel):
 class StepSummary(BaseModel):
     step: int
     duration_us: float
+
+
+class StepPoint(BaseModel):
+    """One step of a rank's step-time series (HTML report, diff), with its spike cause if it is one."""
+
+    step: int
+    duration_us: float
+    spike: str | None = Field(
+        default=None, description="null: no spike; else its cause: gc, checkpoint, marked_event, data_wait, "
+        "unexplained (monitor logs), or spike (a trace: the cause is not measured per step)")
+    excess_us: float | None = Field(default=None, description="a spike's excess over its rolling median")
+
+
+class PathOp(BaseModel):
+    """An operator (kernel, gap) on a rank's critical path, from its critical_path fact."""
+
+    name: str
+    category: str
+    time_us: float = Field(description="per step: its time on the path over the analysed steps / steps")
+    share_ratio: float = Field(description="its share of the path")
+
+
+class SlowRank(BaseModel):
+    """The rank a communication domain waits for, from the fact that found it."""
+
+    domain: str = Field(description="process group or monitor domain; 'all' for every rank of the job")
+    rank: int
+    source: str = Field(description="fact kind: rank_imbalance, comm_sync_wait or monitor_slow_rank")
+    measure: str = Field(description="what was compared")
+    value_us: float | None = Field(default=None, description="the slow rank's value of that measure, per step")
+    excess_us: float | None = Field(default=None, description="how much more than the typical rank, per step")
+    note: str = ""
 
 
 class RankSummary(BaseModel):
@@ -125,6 +158,12 @@ class RankSummary(BaseModel):
     )
     critical_ratio: float | None = Field(default=None, description="its share of the step")
     device_kind: str | None = Field(default=None, description="gpu, npu or cpu (what computes)")
+    series: list[StepPoint] = Field(
+        default_factory=list, description="step times in order with their spikes (filled by the CLI for --format "
+        "html and json; a monitor log's whole run, at most 2,000 points: the longest step of each bucket)")
+    critical_path_us: float | None = Field(default=None, description="critical path length per step (CLI: html, json)")
+    critical_path_ops: list[PathOp] = Field(default_factory=list, description="the critical path's top operators "
+                                            "(CLI: html, json)")  # fmt: skip
 
 
 class Inputs(BaseModel):
@@ -151,6 +190,8 @@ class Report(BaseModel):
     )
     kb: KbInfo
     warnings: list[str] = Field(default_factory=list)
+    slow_ranks: list[SlowRank] = Field(default_factory=list, description="the slow rank of each communication "
+                                       "domain, where a fact found one (CLI: html, json)")  # fmt: skip
 
     def worst_severity(self) -> Severity | None:
         if not self.findings:

@@ -39,7 +39,7 @@ def as_run_dir(paths) -> Path | None:
 def analyze_run_dir(run_dir: str | os.PathLike, *, max_workers: int | None = None) -> RunAnalysis:
     from .analysis import analyze_with_replay
     from .analyzers.loader_cores import with_core_bounds
-    from .analyzers.monitor_log import monitor_facts
+    from .analyzers.monitor_log import monitor_facts, notes_warnings
     from .analyzers.profiler_overhead import with_profiler_overhead
     from .trace import load
 
@@ -74,6 +74,8 @@ def analyze_run_dir(run_dir: str | os.PathLike, *, max_workers: int | None = Non
                  and f.monitor_us >= MONITOR_WARN_SHARE * f.window_us]  # fmt: skip
     warnings += [f"analyzer {f.analyzer} failed on rank {f.rank}: {f.message}"
                  for f in facts if f.kind == "analyzer_error"]  # fmt: skip
+    warnings += notes_warnings(run)  # the monitor's automatic captures and their reasons
+    warnings = list(dict.fromkeys(warnings))  # each warning once
     return RunAnalysis(run=run, facts=facts, bundle=bundle, warnings=warnings, replay=replay)
 
 
@@ -96,25 +98,34 @@ def merge_monitor_env(bundle: TraceBundle, run: RunLog) -> None:
 
 def advise_run_dir(run_dir: str | os.PathLike, *, config=None, engine="auto", top: int | None = None,
                    rank: int | None = None):  # fmt: skip
+    return advise_run_dir_full(run_dir, config=config, engine=engine, top=top, rank=rank).report
+
+
+def advise_run_dir_full(run_dir: str | os.PathLike, *, config=None, engine="auto", top: int | None = None,
+                        rank: int | None = None, stage=lambda what: None):  # fmt: skip
+    """``advise_run_dir``, keeping the facts and the run log (an ``advisor.Advised``)."""
     from . import __version__
-    from .advisor import _platform, diagnose, knowledge_base
+    from .advisor import Advised, _platform, diagnose, knowledge_base
     from .analyzers.monitor_log import platform_of, summary_of
     from .kb.engine import infer
     from .report import Inputs, KbInfo, RankSummary, Report
 
+    stage(f"reading the monitor logs and captures of {Path(run_dir).name}")
     ra = analyze_run_dir(run_dir)
     kb = knowledge_base(config)
+    stage("rules and cases")
     inf = infer(kb, ra.facts, engine)
     platform = platform_of(ra.run)
     if ra.bundle is not None and platform == "cpu":
         platform = _platform(ra.bundle)
+    stage("findings and gains")
     findings, combined, left = diagnose(inf, kb, platform, ra.replay, rank=rank, top=top)
     captured = {f.rank: f for f in ra.facts if f.kind == "step_breakdown" and f.step is None}
     summary = [RankSummary(steps=[], **s) for s in summary_of(ra.run, captured)]
     if rank is not None:
         summary = [s for s in summary if s.rank == rank]
     skipped = [p.path for p in ra.bundle.problems] if ra.bundle is not None else []
-    return Report(
+    report = Report(
         hermes_version=__version__,
         inputs=Inputs(sources=ra.run.sources, ranks=sorted(ra.run.ranks), skipped=skipped),
         summary=summary,
@@ -124,3 +135,4 @@ def advise_run_dir(run_dir: str | os.PathLike, *, config=None, engine="auto", to
         kb=KbInfo(rules=len(kb.active_rules()), cases=len(kb.active_cases()), engine=inf.engine),
         warnings=ra.warnings,
     )
+    return Advised(report=report, facts=ra.facts, bundle=ra.bundle, run=ra.run)

@@ -114,7 +114,8 @@ def unexplained(inf: Inference, kb: KnowledgeBase, findings: list[Finding], plat
                  for _, b in lead if isinstance(b.get("time_us"), (int, float))]  # fmt: skip
         head = _SUMMARY.get(comp) if step else f"{lead[0][0].title}."
         out.append(Unexplained(
-            rule_id=lead[0][0].id, category=lead[0][0].emit.category, component=comp, ranks=ranks,
+            rule_id=lead[0][0].id, title=head.rstrip("."), category=lead[0][0].emit.category, component=comp,
+            ranks=ranks,
             share_ratio=round(statistics.median(b.get("share_ratio", 0.0) for _, b in lead), 4),
             time_us=round(statistics.median(times), 3) if times else None,
             summary=f"{head} No case of the knowledge base explains it on this trace (rules fired: "

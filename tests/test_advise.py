@@ -65,7 +65,9 @@ def test_cli_formats_and_fail_on(tmp_path):
     term = run(str(EXAMPLE), "--top", "1")
     assert term.returncode == 0 and "C-IO-001" in term.stdout and "speedup" in term.stdout
     assert run(str(EXAMPLE), "--fail-on", "high", "--format", "json").returncode == 1
-    assert run(str(EXAMPLE), "--rank", "5", "--format", "json", "--fail-on", "low").returncode == 0
+    # a rank the trace does not have is a usage error naming the ranks it has (issue 19)
+    bad_rank = run(str(EXAMPLE), "--rank", "5", "--format", "json", "--fail-on", "low")
+    assert bad_rank.returncode == 2 and "its ranks: 0" in bad_rank.stderr
 
 
 def test_markdown_escapes_trace_text(report):

@@ -4,8 +4,10 @@ Sharp edges handled (ARCHITECTURE.md): definitions are deep-copied before regist
 mutates them); one Host per process, created lazily, without the background timer threads a
 Host normally starts (they call into the C engine concurrently and crash it), and used from
 one thread at a time behind a lock; rulesets are registered once per KB content (names carry a hash, since a name cannot
-be registered twice); each analysis uses a fresh session id and cleans up by retracting its
-facts (never delete_state); numbers reach the engine sanitised (hermes_kb.kb.conditions);
+be registered twice); every analysis uses the same session id (``SESSION``) and cleans up by
+retracting its facts (never delete_state): the C core keeps a state per session id for the life
+of the process, so a fresh id per call grew the process by ~2.9 MB a call (60 advise calls:
++165 MB); with one id it holds flat (docs/reliability.md); numbers reach the engine sanitised (hermes_kb.kb.conditions);
 identical facts are never asserted twice (they carry a unique _id); "not handled" and
 "observed" exceptions are expected and tolerated; actions take exactly one parameter (two
 would make durable run them asynchronously) and an exception inside one is recorded and
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import itertools
 import json
 import re
 import threading
@@ -44,7 +45,7 @@ _HOST = None
 _REGISTERED: dict[str, dict[str, tuple]] = {}  # ruleset name -> rule key -> (item id, bindings, PostFilter)
 _ABSENT_KINDS: dict[str, set[str]] = {}
 _REGEX_KEYS: dict[tuple[str, str], str] = {}  # (field, pattern) -> flag field set on facts  # ruleset name -> kinds named by absent patterns
-_SID = itertools.count(1)
+SESSION = "hermes"  # the one session id: a state per id lives as long as the process
 _FIRED: list[tuple[str, dict[str, Any]]] = []
 _ERRORS: list[str] = []
 
@@ -283,6 +284,20 @@ def _register(kb, items, attr: str) -> str:
     return name
 
 
+def _drain(host, name: str, sid: str) -> None:
+    """Retract whatever facts the session still holds (none after a clean run): the next
+    analysis reuses the session and must start from nothing."""
+    try:
+        left = host.get_facts(name, sid)
+    except Exception:
+        return
+    for f in left or []:
+        try:
+            host.retract_fact(name, f)
+        except Exception:
+            pass
+
+
 def run(kb, items, facts: list[dict[str, Any]], attr: str):
     """Matches of ``items`` (rules or cases) on ``facts`` (flat, with _id)."""
     from .engine import Match
@@ -294,7 +309,7 @@ def run(kb, items, facts: list[dict[str, Any]], attr: str):
     with _LOCK:
         name = _register(kb, items, attr)
         host = _host()
-        sid = f"s{next(_SID)}"
+        sid = SESSION
         _FIRED.clear()
         _ERRORS.clear()
         asserted = []
@@ -322,6 +337,7 @@ def run(kb, items, facts: list[dict[str, Any]], attr: str):
                     host.retract_fact(name, msg)
                 except Exception:
                     pass
+            _drain(host, name, sid)
             _FIRED.clear()
             _ERRORS.clear()
     if errors:

@@ -8,19 +8,21 @@ unique ids, templates that parse) run on top.
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jinja2
 import yaml
 from pydantic import ValidationError
 
-from ..errors import HermesError
+from ..errors import ConfigError, HermesError
 from ..facts import FACT_TYPES
 from ..facts.whatif import known_target
 from .conditions import Leaf, Pattern, and_refs, leaves, normalize
 from .models import Case, Rule
+from .templates import check_template
 
 
 class KbError(HermesError):
@@ -28,7 +30,8 @@ class KbError(HermesError):
 
     def __init__(self, problems: list[str]):
         self.problems = problems
-        super().__init__(f"{len(problems)} problem(s) in the knowledge base:\n" + "\n".join(problems))
+        # one problem: one line naming the file, line, column and key; several: one line each
+        super().__init__("\n".join(problems) if problems else "problems in the knowledge base")
 
     def __str__(self) -> str:
         return self.message
@@ -146,17 +149,94 @@ def _schema_problems(p: str, nodes, exc: ValidationError) -> list[str]:
 
 
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when PyYAML has it: ~14x faster
+MAX_YAML_BYTES = 1 << 20  # a rule, a case or a config file (the largest shipped is ~12 kB)
+MAX_YAML_NODES = 100_000  # nodes after alias expansion (the largest shipped file has ~1,500)
+
+
+class YamlLimitError(Exception):
+    """A YAML file beyond the size limits (``problem`` is the one-line reason)."""
+
+    def __init__(self, problem: str, line: int = 1, column: int = 1):
+        super().__init__(problem)
+        self.problem, self.line, self.column = problem, line, column
+
+
+def _expanded_nodes(root) -> int:
+    """How many nodes the document has once every alias is expanded, counted without expanding
+    (each distinct node once, memoised): a billion-laughs file is refused before anything is
+    built from it. A recursive alias (a node inside itself) counts as unbounded."""
+    memo: dict[int, int] = {}
+    open_: set[int] = set()
+    stack = [(root, False)]
+    while stack:  # post-order walk over distinct nodes (aliases point at an earlier node)
+        node, done = stack.pop()
+        key = id(node)
+        kids = [n for kv in node.value for n in kv] if isinstance(node, yaml.MappingNode) else \
+            list(node.value) if isinstance(node, yaml.SequenceNode) else []  # fmt: skip
+        if done:
+            open_.discard(key)
+            memo[key] = min(1 + sum(memo[id(k)] for k in kids), MAX_YAML_NODES + 1)
+            continue
+        if key in memo:
+            continue
+        if key in open_:
+            return MAX_YAML_NODES + 1  # recursive: infinite once expanded
+        open_.add(key)
+        stack.append((node, True))
+        stack.extend((k, False) for k in kids if id(k) not in memo)
+    return memo.get(id(root), 1)
+
+
+def _text(path: Path, what: str) -> str:
+    """The file as text: a regular file, at most MAX_YAML_BYTES, UTF-8."""
+    from ..limits import read_limited
+
+    try:
+        data = read_limited(path, MAX_YAML_BYTES, what)
+    except HermesError as exc:
+        raise YamlLimitError(exc.message) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise YamlLimitError(f"not UTF-8 text (byte {data[exc.start:exc.start + 1]!r} at offset {exc.start})", line) from None
+
+
+def _compose(text: str):
+    """The single document's node tree, refused above MAX_YAML_NODES nodes once aliases are
+    expanded. Nothing is constructed yet."""
+    loader = _SAFE_LOADER(text)
+    try:
+        node = loader.get_single_node()
+    finally:
+        loader.dispose()
+    if node is not None and _expanded_nodes(node) > MAX_YAML_NODES:
+        mark = node.start_mark
+        raise YamlLimitError(f"more than {MAX_YAML_NODES:,} YAML nodes once aliases are expanded: refused "
+                             "(a billion-laughs file?)", mark.line + 1, mark.column + 1)  # fmt: skip
+    return node
+
+
+def _construct(text: str, node) -> Any:
+    loader = _SAFE_LOADER(text)
+    try:
+        return loader.construct_document(node) if node is not None else None
+    finally:
+        loader.dispose()
 
 
 def _read(path: Path) -> tuple[Any, Any]:
-    """The document and its node tree (for error positions), parsed once with a safe loader."""
-    loader = _SAFE_LOADER(path.read_text(encoding="utf-8"))
-    try:
-        node = loader.get_single_node()
-        data = loader.construct_document(node) if node is not None else None
-    finally:
-        loader.dispose()
-    return data, node
+    """The document and its node tree (for error positions), parsed with a safe loader, within
+    the size limits (bytes, then nodes after alias expansion) before anything is constructed."""
+    text = _text(path, "a YAML file")
+    node = _compose(text)
+    return _construct(text, node), node
+
+
+def safe_yaml(path: Path) -> Any:
+    """A user's YAML file (e.g. ``--config``) under the same limits as the knowledge base's."""
+    text = _text(path, "a YAML file")
+    return _construct(text, _compose(text))
 
 
 def _fields(kind: str) -> set[str] | None:
@@ -185,6 +265,8 @@ def _check_patterns(patterns: list[Pattern], params: dict, base: tuple, p: str, 
             norm = None
         for leaf in leaves(norm):
             wloc = (*loc, "where")
+            if (bad := _bad_value(leaf.value)) is not None:
+                problems.append(_where(p, nodes, wloc, f"value of {leaf.field!r} {bad}", leaf.field))
             if leaf.field not in fields:
                 problems.append(_where(p, nodes, wloc, f"fact {pat.fact!r} has no field {leaf.field!r}", leaf.field))
             if leaf.param is not None and leaf.param not in params:
@@ -203,6 +285,22 @@ def _check_patterns(patterns: list[Pattern], params: dict, base: tuple, p: str, 
             problems.append(_where(p, nodes, (*loc, "as"), f"binding {name!r} used twice"))
         bound[name] = pat.fact
     return bound
+
+
+def _scalar_ok(v: Any) -> bool:
+    if isinstance(v, float):
+        return math.isfinite(v)
+    return isinstance(v, (str, int, bool))
+
+
+def _bad_value(v: Any) -> str | None:
+    """Why a condition's value cannot be compared (None when it can): a mapping such as
+    ``{"$gte": 1}`` would reach the rules engine as an operator of its own."""
+    if v is None or _scalar_ok(v):
+        return None if not (isinstance(v, str) and v.startswith("$")) else "must not start with '$'"
+    if isinstance(v, list) and all(_scalar_ok(x) and not (isinstance(x, str) and x.startswith("$")) for x in v):
+        return None
+    return f"must be a number, a string, a boolean or a list of them (got {type(v).__name__} {str(v)[:40]})"
 
 
 def _check_ref(ref, bound: dict, loc: tuple, p: str, nodes, problems: list[str]) -> None:
@@ -232,9 +330,6 @@ def _check_examples(item, p: str, nodes, problems: list[str]) -> None:
                     problems.append(_where(p, nodes, ("examples", which, i, "params", k), f"unknown parameter {k!r}"))
 
 
-_JINJA = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
-
-
 def _kb_files(rules_dir: Path, cases_dir: Path) -> list[tuple[Path, type]]:
     files: list[tuple[Path, type]] = [(f, Rule) for f in sorted(Path(rules_dir).glob("*.yaml"))]
     files += [(f, Case) for f in sorted(Path(cases_dir).glob("*/*.yaml"))]
@@ -254,17 +349,22 @@ def _load_checked(rules_dir: Path, cases_dir: Path, overrides) -> KnowledgeBase:
     problems: list[str] = []
     kb = KnowledgeBase()
     seen: dict[str, str] = {}
+    conditions: dict[str, str] = {}  # what an item matches on -> the item that has it
+    config_problems: list[str] = []
     for path, model in _kb_files(rules_dir, cases_dir):
         p = str(path)
         try:
             data, nodes = _read(path)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
-            where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else p
-            problems.append(f"{where}: (file): invalid YAML: {getattr(exc, 'problem', exc)}")
+            where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else f"{p}:1:1"
+            problems.append(f"{where}: (file): invalid YAML: {_one_line(getattr(exc, 'problem', None) or exc)}")
             continue
-        except OSError as exc:
-            problems.append(f"{p}:1:1: (file): cannot read: {exc}")
+        except YamlLimitError as exc:
+            problems.append(f"{p}:{exc.line}:{exc.column}: (file): {exc.problem}")
+            continue
+        except (OSError, RecursionError) as exc:
+            problems.append(f"{p}:1:1: (file): cannot read: {_one_line(exc)}")
             continue
         if not isinstance(data, dict):
             problems.append(f"{p}:1:1: (file): expected a mapping at the top level")
@@ -294,35 +394,103 @@ def _load_checked(rules_dir: Path, cases_dir: Path, overrides) -> KnowledgeBase:
             if item.gain.whatif is not None and not known_target(item.gain.whatif.target):
                 problems.append(_where(p, nodes, ("gain", "whatif", "target"),
                                        f"unknown what-if target {item.gain.whatif.target!r} (docs/analysis/whatif.md)"))
-            try:
-                _JINJA.parse(item.explanation)
-            except jinja2.TemplateSyntaxError as exc:
-                problems.append(_where(p, nodes, ("explanation",), f"template error: {exc.message}"))
+            for problem in check_template(item.explanation):
+                problems.append(_where(p, nodes, ("explanation",), problem))
         _check_examples(item, p, nodes, problems)
         if len(problems) > n_before:
             continue
+        same = _conditions_key(item)
+        if same in conditions:
+            problems.append(_where(p, nodes, ("conditions" if isinstance(item, Case) else "when",),
+                                   f"same conditions as {conditions[same]}: one of the two can never tell anything "
+                                   "the other does not"))  # fmt: skip
+            continue
+        conditions[same] = f"{item.id} ({p})"
         entry = Entry(item=item, path=p, nodes=None)  # node trees are only needed while checking
         (kb.rules if isinstance(item, Rule) else kb.cases).append(entry)
         values = {k: v.default for k, v in item.parameters.items()}
         for k, v in (overrides or {}).get(item.id, {}).items():
-            if k not in values:
-                problems.append(f"{p}:1:1: parameters.{k}: override for unknown parameter of {item.id}")
+            if (why := _override_problem(item, k, v)) is not None:
+                config_problems.append(f"{item.id}.{k}: {why}")
+                continue
             values[k] = v
         kb.params[item.id] = values
+    for item_id in overrides or {}:
+        if item_id not in seen:
+            config_problems.append(f"{item_id}: no rule or case has this id (hermes kb list)")
     if problems:
         raise KbError(problems)
+    if config_problems:  # the user's --config: one line naming the file and the first key
+        more = f" (and {len(config_problems) - 1} more)" if len(config_problems) > 1 else ""
+        raise ConfigError(config_problems[0] + more, _config_name(overrides))
     return kb
 
 
+def _one_line(v: Any) -> str:
+    return " ".join(str(v).split())[:200]
+
+
+def _conditions_key(item: Rule | Case) -> str:
+    """What an item matches on, as text: its patterns, and for a rule what it derives."""
+    pats = item.when if isinstance(item, Rule) else item.conditions
+    key = {"kind": type(item).__name__, "patterns": [x.model_dump(by_alias=True, exclude_none=True) for x in pats],
+           "params": {k: v.default for k, v in item.parameters.items()}}  # fmt: skip
+    if isinstance(item, Rule):
+        key["emit"] = item.emit.model_dump()
+    return json.dumps(key, sort_keys=True, default=str)
+
+
+def _config_name(overrides: Any) -> str:
+    return str(getattr(overrides, "source", None) or "config")
+
+
+def _override_problem(item: Rule | Case, name: str, value: Any) -> str | None:
+    """Why a user's override cannot replace a parameter's value (None when it can): it must name
+    a declared parameter and be of its type (a number for a number, finite)."""
+    if name not in item.parameters:
+        known = ", ".join(sorted(item.parameters)) or "none"
+        return f"unknown parameter of {item.id} (its parameters: {known})"
+    default = item.parameters[name].default
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+        want = "true or false"
+    elif isinstance(default, (int, float)):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        want = "a number"
+    else:
+        ok = isinstance(value, str)
+        want = "a string"
+    return None if ok else f"must be {want} like its default {default!r} (got {type(value).__name__} {str(value)[:40]!r})"
+
+
+class Overrides(dict):
+    """A user's overrides, remembering the file they came from (for error messages)."""
+
+    source: str | None = None
+
+
 def load_overrides(path: Path) -> dict[str, dict[str, Any]]:
-    """A user's threshold overrides: YAML ``{CASE_OR_RULE_ID: {param: value}}``."""
+    """A user's threshold overrides: YAML ``{CASE_OR_RULE_ID: {param: value}}``. Unknown ids or
+    parameters and values of the wrong type are errors (load_kb), never ignored."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise HermesError(f"cannot read config: {exc}", str(path)) from None
-    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
-        raise HermesError("config must map rule/case ids to {parameter: value}", str(path))
-    return data
+        data = safe_yaml(Path(path))
+    except YamlLimitError as exc:
+        raise ConfigError(f"cannot read config: {exc.problem}", str(path)) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise ConfigError(f"invalid YAML: {_one_line(getattr(exc, 'problem', None) or exc)}", at) from None
+    except (OSError, RecursionError) as exc:
+        raise ConfigError(f"cannot read config: {_one_line(exc)}", str(path)) from None
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise ConfigError("config must map rule/case ids to {parameter: value}", str(path))
+    for k, v in data.items():
+        if not isinstance(v, dict):
+            raise ConfigError(f"{k}: expected a mapping {{parameter: value}} (got {type(v).__name__})", str(path))
+    out = Overrides({str(k): {str(a): b for a, b in v.items()} for k, v in data.items()})
+    out.source = str(path)
+    return out
 
 
 __all__ = ["Entry", "KbError", "KnowledgeBase", "Leaf", "kb_dirs", "load_kb", "load_overrides"]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
+from ..sanitize import clean_line
 from ..trace.summary import BundleSummary
 
 COUNTS = ("cpu_ops", "python", "annotations", "kernels", "runtime", "memcpy", "syncs", "collectives", "memory")
@@ -36,9 +38,9 @@ def print_summary(summary: BundleSummary, console: Console | None = None) -> Non
     for r in summary.ranks:
         overview.add_row(
             str(r.rank),
-            r.rank_source,
-            r.source.rsplit("/", 1)[-1],
-            r.device or "-",
+            Text(clean_line(r.rank_source)),
+            Text(clean_line(r.source.rsplit("/", 1)[-1])),
+            Text(clean_line(r.device or "-")),
             str(r.world_size) if r.world_size else "-",
             _steps(r.steps),
             f"{r.span_ms:,.1f}",
@@ -48,6 +50,6 @@ def print_summary(summary: BundleSummary, console: Console | None = None) -> Non
     console.print(counts)
     for r in summary.ranks:
         for w in r.warnings:
-            console.print(f"[yellow]rank {r.rank}: {w}[/yellow]", highlight=False)
+            console.print(Text(f"rank {r.rank}: {clean_line(w)}", style="yellow"), highlight=False)
     for s in summary.skipped:
-        console.print(f"[red]skipped {s['error']}[/red]", highlight=False)
+        console.print(Text(f"skipped {clean_line(s['error'])}", style="red"), highlight=False)

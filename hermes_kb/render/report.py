@@ -1,28 +1,61 @@
-"""Render a Report through the jinja2 templates in hermes_kb/templates (or as JSON)."""
+"""Render a Report through the jinja2 templates in hermes_kb/templates (or as JSON).
+
+Every string of the report is cleaned of control characters first (hermes_kb/sanitize.py), then
+escaped for the output's own syntax: rich markup for the terminal, Markdown (no trace text can
+open HTML, close a code span or end a fenced block) for ``md``, HTML for ``html``
+(render/html.py)."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import jinja2
+from rich.console import Group, RenderableType
 from rich.markup import escape as rich_escape
+from rich.text import Text
 
 from ..report import Report
+from ..sanitize import clean, clean_line, clean_model, json_terminal_safe
 
 _TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|])")
+
 
 def _md(text) -> str:
-    """Escape text that came from a trace for Markdown (tables, emphasis, HTML)."""
-    s = str(text)
-    for ch in ("\\", "|", "*", "_", "`", "[", "]", "<", ">"):
-        s = s.replace(ch, "\\" + ch)
-    return s
+    """Escape text that came from a trace for Markdown, inline: one line (a newline, which could
+    end a paragraph or a table row, becomes a space), every character that opens emphasis, code,
+    links, HTML or a table cell backslash-escaped."""
+    return _MD_SPECIAL.sub(r"\\\1", clean_line(text).strip())
 
 
 def _code(text) -> str:
-    return str(text).replace("`", "'")
+    """Text for inside a Markdown code span: one line, no backtick (a backtick would close the
+    span, a blank line would end it; inside the span the rest is shown literally)."""
+    s = clean_line(text).replace("`", "'")
+    return s.strip() or "-"
+
+
+def _cell(text) -> str:
+    """A code span inside a Markdown table cell: as ``_code``, with ``|`` escaped (GFM tables
+    split cells at a bare pipe, even inside a code span)."""
+    return _code(text).replace("|", "\\|")
+
+
+def _fence(text) -> str:
+    """A fence longer than any run of backticks in ``text``, so the block cannot be closed early."""
+    runs = [len(m) for m in re.findall(r"`+", str(text))]
+    return "`" * max(3, max(runs, default=0) + 1)
+
+
+def _url(text) -> str:
+    """A reference as a Markdown autolink when it is a plain http(s) URL, else escaped text."""
+    s = clean_line(text).strip()
+    if re.fullmatch(r"https?://[^\s<>`\\]+", s):
+        return f"<{s}>"
+    return _md(s)
 
 
 def _ms(v) -> str:
@@ -33,6 +66,17 @@ def _num(v) -> str:
     if isinstance(v, float):
         return f"{v:,.4g}"
     return _md(v)
+
+
+def _term_num(v) -> str:
+    if isinstance(v, float):
+        return f"{v:,.4g}"
+    return _t(v)
+
+
+def _t(text) -> str:
+    """Text for rich markup: control characters made visible, markup brackets escaped."""
+    return rich_escape(clean(str(text)).strip())
 
 
 def _label(key: str) -> str:
@@ -56,7 +100,8 @@ def _env(terminal: bool) -> jinja2.Environment:
         keep_trailing_newline=True,
         undefined=jinja2.StrictUndefined,
     )
-    env.filters.update(md=_md, code=_code, ms=_ms, num=_num, label=_label, t=lambda s: rich_escape(str(s)),
+    env.filters.update(md=_md, code=_code, cell=_cell, fence=_fence, url=_url, ms=_ms, num=_term_num if terminal else _num,
+                       label=_label, t=_t, tcode=lambda s: rich_escape(clean_line(s).rstrip()), lines=lambda s: str(s).strip("\n").split("\n"),
                        color=lambda s: _COLORS.get(s, "white"), pct=lambda v: f"{float(v):.0%}",
                        f1=lambda v: f"{float(v):,.1f}", bar=_bar)  # fmt: skip
     return env
@@ -77,9 +122,9 @@ _WORDS = {
 }
 
 
-def breakdown_rows(report: Report) -> list[dict]:
+def breakdown_rows(report: Report, max_rows: int | None = MAX_RANK_ROWS) -> list[dict]:
     """Per rank: the five components' mean ms and shares, the host's three parts, what holds the
-    step (at most MAX_RANK_ROWS ranks: the slowest, then the fastest)."""
+    step (at most ``max_rows`` ranks: the slowest, then the fastest)."""
     rows = []
     for s in report.summary:
         b = s.breakdown_us or {}
@@ -92,9 +137,9 @@ def breakdown_rows(report: Report) -> list[dict]:
                      "steps": s.steps_count if s.steps_count is not None else len(s.steps),
                      "ms": ms, "share": {k: (ms[k] / total if total > 0 else 0.0) for k in ms},
                      "critical": s.critical_component, "critical_ratio": s.critical_ratio or 0.0})  # fmt: skip
-    if len(rows) > MAX_RANK_ROWS:
+    if max_rows is not None and len(rows) > max_rows:
         rows.sort(key=lambda r: -r["mean_ms"])
-        rows = rows[: MAX_RANK_ROWS // 2] + rows[-MAX_RANK_ROWS // 2 :]
+        rows = rows[: max_rows // 2] + rows[-max_rows // 2 :]
         rows.sort(key=lambda r: r["rank"])
     return rows
 
@@ -112,12 +157,48 @@ def _context(report: Report) -> dict:
 
 
 def render_markdown(report: Report) -> str:
-    return _env(False).get_template("report.md.j2").render(**_context(report))
+    return _env(False).get_template("report.md.j2").render(**_context(clean_model(report)))
 
 
 def render_terminal_markup(report: Report) -> str:
-    return _env(True).get_template("report.term.j2").render(**_context(report))
+    """The terminal report as rich markup, one line per line (``render_terminal`` wraps it)."""
+    return _env(True).get_template("report.term.j2").render(**_context(clean_model(report)))
+
+
+_BULLET = re.compile(r"^( *)((?:→|·|•|-|│|\d+\.|warning:) )?")
+
+
+class _Hanging:
+    """One line of the terminal report: wrapped to the console's width, its continuation lines
+    indented under the text after the line's indent and bullet (no trailing padding)."""
+
+    def __init__(self, lead: str, body: Text):
+        self.lead, self.body = lead, body
+
+    def __rich_console__(self, console, options):
+        hang = len(self.lead)
+        width = max(20, options.max_width - hang)
+        for i, line in enumerate(self.body.wrap(console, width, overflow="fold")):
+            line.rstrip()
+            yield Text.assemble(self.lead if i == 0 else " " * hang, line)
+
+
+def indented(markup: str) -> RenderableType:
+    """Rich markup lines as renderables whose wrapped continuation lines keep the line's indent
+    (and hang after a leading bullet: ``→ ``, ``· ``, ``│ ``, ``1. ``)."""
+    parts: list[RenderableType] = []
+    for line in markup.rstrip("\n").split("\n"):
+        m = _BULLET.match(line)
+        parts.append(_Hanging(m.group(0), Text.from_markup(line[m.end():])))
+    return Group(*parts)
+
+
+def render_terminal(report: Report) -> RenderableType:
+    """The terminal report as a rich renderable (wrapped lines keep their indent)."""
+    return indented(render_terminal_markup(report))
 
 
 def render_json(report: Report) -> str:
-    return json.dumps(report.model_dump(mode="json"), indent=2, ensure_ascii=False)
+    """The report as JSON: every value as measured (nothing cleaned), with the characters a
+    terminal could act on written as \\u escapes (the same JSON value)."""
+    return json_terminal_safe(json.dumps(report.model_dump(mode="json"), indent=2, ensure_ascii=False))

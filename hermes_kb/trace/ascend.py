@@ -75,7 +75,7 @@ def _optional(reader, path: Path | None, warnings: list[str], *args):
     if path is None:
         return None
     try:
-        return reader(path, *args)
+        return reader(path, *args, warnings=warnings)
     except BadTraceError as exc:
         warnings.append(f"skipped {exc}")
         return None
@@ -134,8 +134,10 @@ def parse_ascend(af: AscendFiles) -> tuple[RankTrace, float]:
     meta_a = read_meta(af)
     warnings += meta_a.warnings
     tl = read_timeline(af.files["trace_view.json"]) if "trace_view.json" in af.files else None
+    if tl is not None:
+        warnings += tl.warnings
     kd_path = af.get("kernel_details.csv")
-    kd = at.kernel_details(kd_path) if (kd_path is not None and tl is None) else _optional(at.kernel_details, kd_path, warnings)
+    kd = at.kernel_details(kd_path, warnings) if (kd_path is not None and tl is None) else _optional(at.kernel_details, kd_path, warnings)
     comm = _optional(at.communication, af.get("communication.json"), warnings)
     comm_ops, comm_packets = comm if comm is not None else (None, None)
     tables = {

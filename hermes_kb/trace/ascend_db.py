@@ -33,10 +33,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..errors import BadTraceError
+from ..errors import BadTraceError, as_rank
+from .. import limits
 from .ascend_files import AscendFiles, AscendMeta, read_meta
 from .ascend_tables import KERNEL_INTS, KERNEL_TEXT
 from .ascend_timeline import Timeline
+from .ascend_timeline import validate as validate_timeline
 from .columns import call_tree
 
 _API_TYPES = {5000: "runtime", 5500: "hccl", 10000: "node", 15000: "model", 20000: "acl",
@@ -58,8 +60,11 @@ class _Db:
 
     def __init__(self, path: Path):
         self.path = path
+        limits.check_size(path, what="a sqlite database")  # a FIFO or device is refused, never opened
         try:
-            self.con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+            # read-only and immutable: sqlite never writes -shm / -wal files beside it (a WAL-mode
+            # export in a read-only directory fails otherwise), never takes a lock
+            self.con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
             rows = self.con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')").fetchall()
             self.tables = {r[0] for r in rows}
             self.columns = {t: {r[1] for r in self.con.execute(f'PRAGMA table_info("{t}")')} for t in self.tables}
@@ -104,21 +109,52 @@ def _s(ids: pd.Series, table: dict[int, str]) -> pd.Series:
 
 
 def _i64(s: pd.Series, default: int = -1) -> np.ndarray:
-    return pd.to_numeric(s, errors="coerce").fillna(default).to_numpy(np.float64).astype(np.int64)
+    """An id column as int64 (exact for integer cells); any other cell is ``default``."""
+    v, ok = _exact_ints(s)
+    v = v.copy()
+    v[~ok] = default
+    return v
 
 
 def _us(ns: pd.Series) -> np.ndarray:
-    """ns integers -> µs floats (the same arithmetic for every table, so joins on time agree)."""
-    return pd.to_numeric(ns, errors="coerce").to_numpy(np.float64) / 1000.0
+    """ns integers -> µs floats (the same arithmetic for every table, so joins on time agree);
+    a cell that is not an integer is NaN (dropped and counted by the timeline's checks)."""
+    v, ok = _exact_ints(ns)
+    out = v.astype(np.float64) / 1000.0
+    out[~ok] = np.nan
+    return out
+
+
+def _exact_ints(s: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """(int64 values, which are numbers) of an ns column, exact even when some cells are garbage
+    (a column with text in it comes back as objects; through floats its ns would lose precision)."""
+    if pd.api.types.is_integer_dtype(s.dtype):
+        return s.to_numpy(np.int64).copy(), np.ones(len(s), dtype=bool)
+    if pd.api.types.is_float_dtype(s.dtype):
+        v = s.to_numpy(np.float64)
+        ok = np.isfinite(v) & (np.abs(v) < 9.2e18)
+        out = np.zeros(len(v), dtype=np.int64)
+        out[ok] = v[ok].astype(np.int64)
+        return out, ok
+    out = np.zeros(len(s), dtype=np.int64)
+    ok = np.zeros(len(s), dtype=bool)
+    for i, v in enumerate(s.to_numpy(object).tolist()):
+        if isinstance(v, float) and v.is_integer() and abs(v) < 2**63:
+            v = int(v)
+        elif isinstance(v, str) and v.strip().lstrip("+-").isdigit():
+            v = int(v.strip())
+        if isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63:
+            out[i], ok[i] = v, True
+    return out, ok
 
 
 def _dur(start: pd.Series, end: pd.Series) -> np.ndarray:
     """µs between two ns columns, subtracted as integers (µs floats near 1.7e15 resolve only 0.25 µs)."""
-    a = pd.to_numeric(start, errors="coerce")
-    b = pd.to_numeric(end, errors="coerce")
-    ok = (a.notna() & b.notna()).to_numpy()
+    a, ok_a = _exact_ints(start)
+    b, ok_b = _exact_ints(end)
+    ok = ok_a & ok_b
     out = np.full(len(a), np.nan)
-    out[ok] = (b.to_numpy()[ok].astype(np.int64) - a.to_numpy()[ok].astype(np.int64)) / 1000.0
+    out[ok] = (b[ok] - a[ok]) / 1000.0
     return out
 
 
@@ -151,7 +187,7 @@ def _meta(db: _Db, meta_a: AscendMeta, counts: dict[str, int]) -> None:
         rm = db.query("SELECT * FROM RANK_DEVICE_MAP", "RANK_DEVICE_MAP")
         if len(rm) and meta_a.rank is None:
             r = int(pd.to_numeric(rm["rankId"], errors="coerce").fillna(-1).iloc[0])
-            meta_a.rank = r if 0 <= r < _NA_ID else None
+            meta_a.rank = as_rank(r)
     for t in sorted(db.tables):
         try:
             counts[f"db:{t}"] = int(db.con.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0])
@@ -179,6 +215,7 @@ def _host(db: _Db, st: dict[int, str], warnings: list[str]):
     base["dur"] = _dur(p["s"], p["e"])
     base = base[["name", "ts", "dur", "tid", "pid"]]
     ok = ~np.isnan(base["ts"].to_numpy()) & ~np.isnan(base["dur"].to_numpy())
+    _unreadable(db, "PYTORCH_API", int((~ok).sum()), warnings)
 
     is_op = ok & np.isin(kind, ("op", "mstx"))
     ops = base[is_op].copy()
@@ -229,7 +266,15 @@ def _cann(db: _Db, st: dict[int, str], warnings: list[str]) -> pd.DataFrame:
     ts = _us(c["startNs"])
     out = pd.DataFrame({"name": name, "ts": ts, "dur": _dur(c["startNs"], c["endNs"]), "tid": _i64(c["globalTid"], 0) & _MASK32,
                         "connection_id": _i64(c["connectionId"]), "level": level})  # fmt: skip
-    return out[~np.isnan(out["ts"].to_numpy())].sort_values("ts", kind="stable").reset_index(drop=True)
+    ok = ~np.isnan(out["ts"].to_numpy()) & ~np.isnan(out["dur"].to_numpy())
+    _unreadable(db, "CANN_API", int((~ok).sum()), warnings)
+    return out[ok].sort_values("ts", kind="stable").reset_index(drop=True)
+
+
+def _unreadable(db: _Db, table: str, n: int, warnings: list[str]) -> None:
+    """Rows whose times are not integers (garbage in the table) are left out, and named."""
+    if n:
+        warnings.append(f"{db.path}: {table}: skipped {n} row(s) whose startNs / endNs is not an integer")
 
 
 def _steps_of(ts: np.ndarray, steps: pd.DataFrame | None) -> np.ndarray:
@@ -269,7 +314,9 @@ def _device(db: _Db, st: dict[int, str], steps: pd.DataFrame | None, warnings: l
     t["dur"] = _dur(t["startNs"], t["endNs"])
     t["type_name"] = _s(t["taskType"], st)
     t["gid"] = _i64(t["globalTaskId"])
-    t = t[~np.isnan(t["ts"].to_numpy())]
+    ok = ~np.isnan(t["ts"].to_numpy()) & ~np.isnan(t["dur"].to_numpy())
+    _unreadable(db, "TASK", int((~ok).sum()), warnings)
+    t = t[ok]
 
     ci_cols = ("name", "globalTaskId", "blockDim", "mixBlockDim", "taskType", "opType", "inputFormats", "inputDataTypes",
                "inputShapes", "outputFormats", "outputDataTypes", "outputShapes")  # fmt: skip
@@ -588,6 +635,8 @@ def read_profiler_db(path: Path, meta_a: AscendMeta, warnings: list[str]):
                       op_flows=flows, aicore_freq=_aicore_freq(db), overlap=_overlap(db), counts=dict(sorted(counts.items())),
                       process_names={str(p): "Python" for p in pids},
                       thread_names={f"{pids[0]}/{t}": f"Thread {t}" for t in tids} if pids else {})  # fmt: skip
+        tl = validate_timeline(tl, str(path))  # rows whose times are garbage are dropped and named
+        warnings += tl.warnings
         mem = _memory(db, st)
         return tl, kd, mem, _op_statistic(kd), _api_statistic(cann)
     except sqlite3.Error as exc:  # a damaged page met halfway through

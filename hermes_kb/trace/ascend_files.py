@@ -18,7 +18,8 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from ..errors import BadTraceError
+from ..errors import BadTraceError, as_rank
+from .. import limits
 
 OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
 TEXT_FILES = (
@@ -53,7 +54,7 @@ class AscendFiles:
         m = None
         for m in _RANK_DIR_RE.finditer(self.root.name):
             pass
-        return int(m.group(1)) if m else None
+        return as_rank(m.group(1)) if m else None
 
 
 def _scan(root: Path, output: Path) -> AscendFiles:
@@ -63,6 +64,8 @@ def _scan(root: Path, output: Path) -> AscendFiles:
         if p.is_file():
             af.files[name] = p
     for p in sorted(output.glob("*.db")) if output.is_dir() else []:
+        if not p.is_file():  # only regular files (a FIFO, a directory or a dangling link is not a database)
+            continue
         if _DB_RE.match(p.name):
             af.db = p
         elif p.name == "analysis.db":
@@ -119,20 +122,26 @@ def snake(header: str) -> str:
 
 
 def read_json(path: Path) -> Any:
+    data = limits.read_limited(path, what="a JSON file")
+    cap = limits.max_events()
+    if data.count(b"{") > 2 * cap:  # decoded into Python objects: refuse before they are built
+        raise BadTraceError(f"holds more than {cap:,} events, the limit (set HERMES_MAX_EVENTS to read it)", str(path))
     try:
-        with open(path, "rb") as fh:
-            return msgspec.json.decode(fh.read())
-    except OSError as exc:
-        raise BadTraceError(f"cannot be read ({exc.strerror or exc})", str(path)) from None
+        return msgspec.json.decode(data)
     except msgspec.DecodeError as exc:
         raise BadTraceError(f"not valid JSON: {str(exc)[:120]}", str(path)) from None
+    except RecursionError:
+        raise BadTraceError("not valid JSON: nested too deeply", str(path)) from None
+    except UnicodeDecodeError:
+        raise BadTraceError("not valid JSON: invalid UTF-8 text", str(path)) from None
 
 
 def read_csv(path: Path, aliases: dict[str, str] | None = None) -> pd.DataFrame:
     """A torch_npu csv with snake_case headers; text cells stripped, ``N/A`` as missing."""
+    limits.check_size(path, what="a csv file")
     try:
         df = pd.read_csv(path, dtype=str, keep_default_na=False, na_values=[], skipinitialspace=True)
-    except (OSError, ValueError, pd.errors.ParserError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError, pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as exc:
         raise BadTraceError(f"not a readable csv: {str(exc).splitlines()[0][:120]}", str(path)) from None
     cols = [snake(c) for c in df.columns]
     if aliases:
@@ -151,8 +160,11 @@ def num(s: pd.Series, default: float = np.nan) -> np.ndarray:
 
 
 def ints(s: pd.Series, default: int = -1) -> np.ndarray:
-    v = pd.to_numeric(s, errors="coerce")
-    return v.fillna(default).to_numpy(np.float64).astype(np.int64)
+    """Integer cells as int64; a cell that is not a number, or not one an int64 holds, is ``default``."""
+    v = pd.to_numeric(s, errors="coerce").to_numpy(np.float64, na_value=np.nan).copy()
+    bad = ~np.isfinite(v) | (np.abs(v) >= 2.0**63)
+    v[bad] = default
+    return v.astype(np.int64)
 
 
 def require(df: pd.DataFrame, cols: tuple[str, ...], path: Path) -> None:
@@ -182,8 +194,8 @@ def _int(v: Any) -> int | None:
     if isinstance(v, bool):
         return None
     if isinstance(v, int):
-        return v
-    if isinstance(v, str) and v.strip().lstrip("-").isdigit():
+        return v if -(2**63) <= v < 2**63 else None
+    if isinstance(v, str) and v.strip().lstrip("-").isdigit() and len(v.strip()) < 19:
         return int(v.strip())
     return None
 
@@ -202,7 +214,7 @@ def read_meta(af: AscendFiles) -> AscendMeta:
             m.warnings.append(f"{path}: expected a JSON object; ignored")
             continue
         if m.rank is None:
-            m.rank = _int(doc.get("rank_id"))
+            m.rank = as_rank(doc.get("rank_id"))
         for k in ("torch_npu_version", "cann_version", "torch_version"):
             if isinstance(doc.get(k), (str, int, float)):
                 m.versions[k] = str(doc[k])
@@ -219,8 +231,8 @@ def read_meta(af: AscendFiles) -> AscendMeta:
         if isinstance(dist, dict):
             m.distributed_args = dist
             if m.rank is None:
-                m.rank = _int(dist.get("rank"))
-            m.world_size = _int(dist.get("world_size"))
+                m.rank = as_rank(dist.get("rank"))
+            m.world_size = as_rank(dist.get("world_size")) or None
         groups = doc.get("parallel_group_info")
         if isinstance(groups, dict):
             for key, g in groups.items():

@@ -26,7 +26,12 @@ KERNEL_TEXT = ("name", "op_type", "core_type", "op_state", "hf32_eligible", "inp
 KERNEL_INTS = ("step", "device", "model_id", "task_id", "stream", "block_dim", "mix_block_dim", "context_id")
 
 
-def kernel_details(path: Path) -> pd.DataFrame:
+def _note(warnings: list[str] | None, path: Path, text: str) -> None:
+    if warnings is not None:
+        warnings.append(f"{path}: {text}")
+
+
+def kernel_details(path: Path, warnings: list[str] | None = None) -> pd.DataFrame:
     """kernel_details.csv: one row per device compute task with its attributes and pipe metrics."""
     df = read_csv(path, KERNEL_ALIASES)
     require(df, ("name", "ts", "dur"), path)
@@ -42,9 +47,13 @@ def kernel_details(path: Path) -> pd.DataFrame:
     for c in df.columns:  # pipe utilisation and the rest: numeric, names as written (snake_case)
         if c not in done:
             out[c] = num(df[c])
-    bad = np.isnan(out["ts"].to_numpy()) | np.isnan(out["dur"].to_numpy())
+    ts, dur = out["ts"].to_numpy(), out["dur"].to_numpy()
+    bad = ~(np.isfinite(ts) & np.isfinite(dur)) | (dur < 0)
     if bad.all() and len(out):
         raise BadTraceError("no row has a readable Start Time / Duration", str(path))
+    if bad.any():
+        _note(warnings, path, f"skipped {int(bad.sum())} of {len(out)} row(s) with an unreadable or impossible "
+                              "Start Time / Duration")  # fmt: skip
     return out[~bad].reset_index(drop=True)
 
 
@@ -56,7 +65,7 @@ STEP_ALIASES = {
 }  # fmt: skip
 
 
-def step_trace_time(path: Path) -> pd.DataFrame:
+def step_trace_time(path: Path, warnings: list[str] | None = None) -> pd.DataFrame:
     """step_trace_time.csv: the profiler's own per-step split (µs), one row per step (and rank in
     the cluster variant)."""
     df = read_csv(path, STEP_ALIASES)
@@ -74,22 +83,28 @@ def step_trace_time(path: Path) -> pd.DataFrame:
 _TRANSPORTS = ("RDMA", "HCCS", "PCIE", "SDMA", "SIO")
 
 
-def communication(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+def communication(path: Path, warnings: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """communication.json: one row per communication op (step, op, group, start, elapse, transit,
     wait, sync, idle, bytes/time/bandwidth per transport), and the packet-size distribution."""
     doc = read_json(path)
     if not isinstance(doc, dict):
         raise BadTraceError("expected a JSON object keyed by step", str(path))
     rows, packets = [], []
+    ignored: list[str] = []
     for step_key, by_kind in doc.items():
-        step = int("".join(ch for ch in str(step_key) if ch.isdigit()) or -1)
+        step = _step_of(step_key)
         if not isinstance(by_kind, dict):
+            ignored.append(str(step_key))
             continue
         for kind, ops in by_kind.items():
             if not isinstance(ops, dict):
+                ignored.append(f"{step_key}.{kind}")
                 continue
             for key, info in ops.items():
-                if not isinstance(info, dict) or key == "Total Op Info":
+                if key == "Total Op Info":
+                    continue
+                if not isinstance(info, dict):
+                    ignored.append(f"{step_key}.{kind}.{key}")
                     continue
                 name, _, group = str(key).partition("@")
                 t = info.get("Communication Time Info") or {}
@@ -116,10 +131,21 @@ def communication(path: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
                         for size_mb, v in dist.items():
                             if isinstance(v, list) and len(v) >= 2:
                                 packets.append((step, name, group, tr, _num(size_mb) * 1e6, _num(v[0]), _num(v[1]) * 1000.0))
+                if not (np.isfinite(row["ts"]) and np.isfinite(row["dur"]) and row["dur"] >= 0):
+                    ignored.append(f"{step_key}.{kind}.{key}")
+                    continue
                 rows.append(row)
+    if ignored:
+        _note(warnings, path, f"ignored {len(ignored)} entr(y/ies) that are not communication ops with readable times "
+                              f"(first: {ignored[0][:80]!r})")  # fmt: skip
     ops = pd.DataFrame(rows)
     pk = pd.DataFrame(packets, columns=["step", "name", "group", "transport", "packet_bytes", "count", "time_us"])
     return ops, pk
+
+
+def _step_of(key) -> int:
+    digits = "".join(ch for ch in str(key) if ch.isdigit())[:9]
+    return int(digits) if digits else -1
 
 
 def _num(v, default: float = np.nan) -> float:
@@ -129,30 +155,35 @@ def _num(v, default: float = np.nan) -> float:
         return default
 
 
-def communication_matrix(path: Path) -> pd.DataFrame:
+def communication_matrix(path: Path, warnings: list[str] | None = None) -> pd.DataFrame:
     """communication_matrix.json: bytes, time and bandwidth per (op group, src rank, dst rank)."""
     doc = read_json(path)
     if not isinstance(doc, dict):
         raise BadTraceError("expected a JSON object keyed by step", str(path))
     rows = []
+    ignored = 0
     for step_key, by_kind in doc.items():
-        step = int("".join(ch for ch in str(step_key) if ch.isdigit()) or -1)
+        step = _step_of(step_key)
+        ignored += not isinstance(by_kind, dict)
         for kind, ops in (by_kind or {}).items() if isinstance(by_kind, dict) else ():
             for key, links in (ops or {}).items() if isinstance(ops, dict) else ():
                 op, _, group = str(key).partition("@")
                 for pair, v in (links or {}).items() if isinstance(links, dict) else ():
                     src, _, dst = str(pair).partition("-")
                     if not isinstance(v, dict):
+                        ignored += 1
                         continue
                     rows.append((step, str(kind), op, group, int(src) if src.isdigit() else -1,
                                  int(dst) if dst.isdigit() else -1, str(v.get("Transport Type", "")),
                                  _num(v.get("Transit Size(MB)"), 0.0) * 1e6, _num(v.get("Transit Time(ms)"), 0.0) * 1000.0,
                                  _num(v.get("Bandwidth(GB/s)"), 0.0), str(v.get("Op Name", ""))))  # fmt: skip
+    if ignored:
+        _note(warnings, path, f"ignored {ignored} entr(y/ies) that are not link records")
     return pd.DataFrame(rows, columns=["step", "comm_type", "op", "group", "src_rank", "dst_rank", "transport", "bytes",
                                        "time_us", "bandwidth_gbps", "op_name"])  # fmt: skip
 
 
-def statistic(path: Path, key: str) -> pd.DataFrame:
+def statistic(path: Path, key: str, warnings: list[str] | None = None) -> pd.DataFrame:
     """op_statistic.csv (key op_type) or api_statistic.csv (key api_name): counts and times (µs)."""
     df = read_csv(path, {"op_type": "op_type", "api_name": "api_name", "device_id": "device"})
     require(df, (key, "count"), path)
@@ -164,7 +195,7 @@ def statistic(path: Path, key: str) -> pd.DataFrame:
     return out
 
 
-def memory_record(path: Path) -> pd.DataFrame:
+def memory_record(path: Path, warnings: list[str] | None = None) -> pd.DataFrame:
     df = read_csv(path, {"timestamp_us": "ts", "total_allocated_mb": "allocated_mb", "total_reserved_mb": "reserved_mb",
                          "total_active_mb": "active_mb"})  # fmt: skip
     require(df, ("ts",), path)
@@ -172,4 +203,7 @@ def memory_record(path: Path) -> pd.DataFrame:
     for c in ("allocated_mb", "reserved_mb", "active_mb"):
         out[c] = num(df[c]) if c in df.columns else np.nan
     out["device"] = df["device_type"].to_numpy() if "device_type" in df.columns else ""
-    return out[~np.isnan(out["ts"].to_numpy())].reset_index(drop=True)
+    bad = ~np.isfinite(out["ts"].to_numpy())
+    if bad.any():
+        _note(warnings, path, f"skipped {int(bad.sum())} of {len(out)} row(s) with an unreadable timestamp")
+    return out[~bad].reset_index(drop=True)

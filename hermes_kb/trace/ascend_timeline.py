@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import BadTraceError
+from . import validate as vd
 from .ascend_files import read_json
 
 
@@ -36,6 +37,66 @@ class Timeline:
     counts: dict[str, int] = field(default_factory=dict)
     process_names: dict[str, str] = field(default_factory=dict)
     thread_names: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # events dropped as damaged, named by file
+
+
+_TIMED = ("host_ops", "python", "task_queue", "cann", "device", "hccl_ops", "hccl_tasks", "overlap")
+_WHAT = {"host_ops": "host op", "python": "python_function", "task_queue": "task-queue", "cann": "CANN API",
+         "device": "device task", "hccl_ops": "HCCL op", "hccl_tasks": "HCCL task", "overlap": "overlap-analysis"}
+
+
+def validate(tl: Timeline, source: str, unreadable: int = 0) -> Timeline:
+    """The physical checks of validate.py on every timed table (shared with the db export):
+    events with a non-finite time, a negative duration, outside the file's plausible time span,
+    or exact duplicates are dropped; what was dropped (and ``unreadable`` events whose time was
+    not a number) is named in ``tl.warnings``."""
+    frames = {k: getattr(tl, k) for k in _TIMED}
+    starts = [f["ts"].to_numpy(np.float64) for f in frames.values() if len(f)]
+    window = vd.plausible_window(np.concatenate(starts)) if starts else None
+    drops = vd.Drops()
+    for k, df in frames.items():
+        if not len(df):
+            continue
+        ts, dur = df["ts"].to_numpy(np.float64), df["dur"].to_numpy(np.float64)
+        with np.errstate(invalid="ignore"):
+            non_finite = ~(np.isfinite(ts) & np.isfinite(dur))
+            negative = ~non_finite & (dur < 0)
+        out = ~non_finite & ~negative & vd.outside(ts, dur, window)
+        bad = non_finite | negative | out
+        for mask, reason in ((non_finite, vd.NON_FINITE), (negative, vd.NEGATIVE), (out, vd.OUTSIDE)):
+            if mask.any():
+                i = int(np.flatnonzero(mask)[0])
+                drops.add(_WHAT[k], reason, int(mask.sum()), vd.example(df["name"].iat[i], ts[i], dur[i]))
+        dup = np.zeros(len(df), dtype=bool)
+        keep_idx = np.flatnonzero(~bad)
+        if len(keep_idx) > 1:
+            d = df.iloc[keep_idx].astype(str).duplicated().to_numpy()
+            dup[keep_idx[d]] = True
+            if d.any():
+                i = int(keep_idx[np.flatnonzero(d)[0]])
+                drops.add(_WHAT[k], vd.DUPLICATE, int(d.sum()), vd.example(df["name"].iat[i], ts[i], dur[i]))
+        if (bad | dup).any():
+            setattr(tl, k, df[~(bad | dup)].reset_index(drop=True))
+    if len(tl.aicore_freq):
+        t = tl.aicore_freq["ts"].to_numpy(np.float64)
+        ok = np.isfinite(t) & ~vd.outside(t, np.zeros(len(t)), window)
+        if not ok.all():
+            drops.add("AI Core Freq", vd.OUTSIDE, int((~ok).sum()), vd.example("MHz", t[int(np.flatnonzero(~ok)[0])]))
+            tl.aicore_freq = tl.aicore_freq[ok].reset_index(drop=True)
+    if len(tl.op_flows):
+        h, d = tl.op_flows["host_ts"].to_numpy(np.float64), tl.op_flows["device_ts"].to_numpy(np.float64)
+        ok = np.isfinite(h) & np.isfinite(d) & ~vd.outside(h, np.zeros(len(h)), window) & \
+            ~vd.outside(d, np.zeros(len(d)), window)  # fmt: skip
+        if not ok.all():
+            drops.add("flow", vd.OUTSIDE, int((~ok).sum()), vd.example("torch_to_npu", h[int(np.flatnonzero(~ok)[0])]))
+            tl.op_flows = tl.op_flows[ok].reset_index(drop=True)
+    if unreadable:
+        tl.warnings.append(f"{source}: skipped {unreadable} event(s) with an unreadable time (not a number) "
+                           "or that are not JSON objects")  # fmt: skip
+    if drops.total:
+        tl.counts["dropped"] = drops.total
+        tl.warnings.append(f"{source}: {drops.message()}")
+    return tl
 
 
 def _f(v: Any) -> float:
@@ -136,7 +197,7 @@ def read_timeline(path: Path) -> Timeline:
     counts = dict(sorted(counts.items()))
     if bad:
         counts["unreadable"] = bad
-    return Timeline(
+    return validate(Timeline(
         host_ops=_frame(host, ["name", "ts", "dur", "tid", "pid", "seq", "fwd_tid", "input_dims", "input_types"]),
         python=_frame(py, ["name", "ts", "dur", "tid", "py_id", "parent_id"]),
         task_queue=_frame(queue, ["name", "ts", "dur", "tid", "kind", "correlation"]),
@@ -151,4 +212,4 @@ def read_timeline(path: Path) -> Timeline:
         counts=counts,
         process_names={str(k): v for k, v in pname.items()},
         thread_names=tname,
-    )
+    ), str(path), bad)

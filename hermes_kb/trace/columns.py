@@ -31,7 +31,8 @@ class NameTable:
 
 
 def _fast(objs: list, attr: str, dtype) -> np.ndarray | None:
-    """np.fromiter over an attribute (C-level iteration); None when a value is not a plain number."""
+    """np.fromiter over an attribute (C-level iteration); None when a value is not a plain number
+    (or is out of the dtype's range: the slow path decides)."""
     try:
         return np.fromiter(map(attrgetter(attr), objs), dtype=dtype, count=len(objs))
     except (TypeError, ValueError, OverflowError):
@@ -66,10 +67,17 @@ def floats(values: list, default: float = np.nan) -> np.ndarray:
 
 
 def ints(values: list, default: int = -1) -> np.ndarray:
+    """Integers as int64; a value that is not an integer becomes ``default``, one outside the
+    int64 range raises OverflowError (the reader reports it: an id must never wrap around)."""
     try:
         return np.array([default if v is None else v for v in values], dtype=np.int64)
-    except (TypeError, ValueError, OverflowError):
-        return pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").fillna(default).to_numpy(np.int64)
+    except (TypeError, ValueError):
+        num = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce")
+        fin = num.to_numpy(np.float64, na_value=np.nan).copy()
+        if (np.abs(fin[np.isfinite(fin)]) >= 2.0**63).any():
+            raise OverflowError("integer outside the int64 range") from None
+        fin[~np.isfinite(fin)] = default
+        return fin.astype(np.int64)
 
 
 def _id_of(v) -> int:

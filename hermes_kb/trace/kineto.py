@@ -10,7 +10,6 @@ rank on the bundle's common origin.
 
 from __future__ import annotations
 
-import gzip
 import multiprocessing as mp
 import os
 import pickle
@@ -23,11 +22,13 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from ..errors import BadTraceError, InputNotFoundError
+from ..errors import BadTraceError, as_rank
 from ..cpus import usable_cpus
 from . import kineto_frames as kf
 from . import kineto_joins as kj
 from . import kineto_schema as ks
+from .. import limits
+from . import validate as vd
 from .bundle import RankTrace, TraceMeta
 from .names import is_profiler_scope
 
@@ -59,56 +60,87 @@ TIMED = ("cpu_ops", "python", "annotations", "gpu_annotations", "kernels", "runt
 
 
 def read_bytes(path: str) -> bytes:
-    """The file's JSON bytes, gunzipped when it is gzip (by magic number, not by name)."""
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except FileNotFoundError:
-        raise InputNotFoundError("no such file", path) from None
-    except IsADirectoryError:
-        raise BadTraceError("is a directory, expected a trace file", path) from None
-    except OSError as exc:
-        raise BadTraceError(f"cannot read: {exc.strerror or exc}", path) from None
+    """The file's JSON bytes, gunzipped when it is gzip (by magic number, not by name). Only a
+    regular file is read, and only up to the limits of ``limits`` (a gzip file is refused while
+    it expands past its bound, before the memory is spent)."""
+    raw = limits.read_limited(path)
     if not raw:
         raise BadTraceError("empty file", path)
     if raw[:2] == b"\x1f\x8b":
-        raw = _gunzip(raw, path)
+        raw = _gunzip(raw, path, limits.gzip_limit(len(raw)))
         if len(raw) < 64 and not raw.strip():
             raise BadTraceError("empty file (after gunzip)", path)
     return raw
 
 
-def _gunzip(data: bytes, path: str) -> bytes:
-    # One C-level pass that also checks the CRC (ISA-L when installed: ~2.4x faster than zlib
-    # on a 54 MB trace). Multi-member files (concatenated gzip streams) use gzip.decompress.
+def _gunzip(data: bytes, path: str, limit: int | None = None) -> bytes:
+    """Every gzip member of ``data``, decompressed in one C-level pass each (ISA-L when
+    installed: ~2.4x faster than zlib on a 54 MB trace), with the CRC checked, and never more
+    than ``limit`` bytes of output: decompression stops there and the file is refused."""
+    limit = limits.max_bytes() if limit is None else limit
+    parts: list[bytes] = []
+    total = 0
+    rest = data
     try:
-        d = _zlib.decompressobj(wbits=31)
-        out = d.decompress(data)
-        if not d.eof:
-            raise BadTraceError("truncated gzip data", path)
-        if d.unused_data:
-            return gzip.decompress(data)
-        return out
-    except (EOFError, zlib.error, _zlib.error, gzip.BadGzipFile, OSError) as exc:
+        while True:
+            d = _zlib.decompressobj(wbits=31)
+            out = d.decompress(rest, limit - total + 1)
+            total += len(out)
+            if total > limit:
+                raise BadTraceError(
+                    f"gzip data expands to more than {limits.human(limit)} ({len(data) / limits.MiB:,.1f} MiB "
+                    "compressed): refused as a likely gzip bomb (set HERMES_MAX_GZIP_RATIO or HERMES_MAX_TRACE_BYTES "
+                    "to read it)", path)  # fmt: skip
+            parts.append(out)
+            if not d.eof:
+                raise BadTraceError("truncated gzip data", path)
+            rest = d.unused_data
+            if not rest.strip(b"\x00"):  # trailing zero padding is allowed, as gzip.decompress does
+                break
+            if rest[:2] != b"\x1f\x8b":
+                raise BadTraceError("corrupt gzip data (trailing garbage after the compressed stream)", path)
+    except (EOFError, zlib.error, _zlib.error, OSError) as exc:
         reason = "truncated gzip data" if isinstance(exc, EOFError) else f"corrupt gzip data ({exc})"
         raise BadTraceError(reason, path) from None
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _decode_error(exc: Exception, path: str, where: str = "") -> BadTraceError:
+    """Decoder failures that are not a JSON syntax error, as one line."""
+    if isinstance(exc, RecursionError):
+        return BadTraceError(f"JSON nested too deeply{where} (more levels than any profiler writes)", path)
+    if isinstance(exc, UnicodeDecodeError):
+        return BadTraceError(f"invalid UTF-8 text{where} (byte {exc.object[exc.start:exc.start + 1]!r})", path)
+    return BadTraceError(f"unreadable JSON{where}: {exc}", path)
 
 
 def decode_head(raw: bytes, path: str) -> ks.KinetoFile:
+    cap = limits.max_events()
+    if raw.count(b"{") > 2 * cap:  # objects bound the events from above: refuse before any is decoded
+        raise BadTraceError(f"holds more than {cap:,} events, the limit (set HERMES_MAX_EVENTS to read it)", path)
     try:
-        return ks.file_decoder.decode(raw)
+        doc = ks.file_decoder.decode(raw)
     except msgspec.ValidationError as exc:
         msg = str(exc)
         if msg.startswith("Expected `object`, got `array`"):  # Chrome's array form: a bare event list
             try:
-                return ks.KinetoFile(traceEvents=msgspec.json.decode(raw, type=list[msgspec.Raw]))
+                doc = ks.KinetoFile(traceEvents=msgspec.json.decode(raw, type=list[msgspec.Raw]))
             except msgspec.DecodeError as exc2:
                 raise BadTraceError(f"invalid JSON: {exc2}", path) from None
-        if "traceEvents" in msg or msg.startswith("Expected `object`"):
+            except (RecursionError, UnicodeDecodeError) as exc2:
+                raise _decode_error(exc2, path) from None
+        elif "traceEvents" in msg or msg.startswith("Expected `object`"):
             raise BadTraceError("JSON is not a profiler trace (no 'traceEvents' list of events)", path) from None
-        raise BadTraceError(f"ill-typed trace metadata: {msg}", path) from None
+        else:
+            raise BadTraceError(f"ill-typed trace metadata: {msg}", path) from None
     except msgspec.DecodeError as exc:
         raise BadTraceError(f"invalid JSON: {exc}", path) from None
+    except (RecursionError, UnicodeDecodeError) as exc:
+        raise _decode_error(exc, path) from None
+    if len(doc.traceEvents) > cap:
+        raise BadTraceError(f"holds {len(doc.traceEvents):,} events, more than the limit of {cap:,} "
+                            "(set HERMES_MAX_EVENTS to read it)", path)  # fmt: skip
+    return doc
 
 
 _event_list = msgspec.json.Decoder(list[ks.Event])
@@ -122,6 +154,8 @@ def _decode_chunk(raws: list[msgspec.Raw], start: int, path: str) -> list[ks.Eve
         idx, _, field = where.rstrip("`").partition("]")
         at = f"event #{start + int(idx)}{field.replace('.', ' field ', 1)}" if idx.isdigit() else "an event"
         raise BadTraceError(f"ill-typed {at}: {msg}", path) from None
+    except (RecursionError, UnicodeDecodeError) as exc:
+        raise _decode_error(exc, path, f" in events #{start}-#{start + len(raws) - 1}") from None
 
 
 class _Builders:
@@ -275,8 +309,11 @@ def parse_kineto(path: str, raw: bytes | None = None, split: bool = True) -> tup
     doc.traceEvents = []
     del raws, raw
 
+    drops = _validate(b)
     first = min(getattr(b, k).min_ts() for k in TIMED)
     if first == float("inf"):
+        if drops.total:
+            raise BadTraceError(f"no profiler event with a plausible time: {drops.message()}", path)
         raise BadTraceError("no profiler events (no cpu_op, kernel, runtime or annotation events)", path)
 
     cpu_ops = b.cpu_ops.frame(first)
@@ -288,6 +325,8 @@ def parse_kineto(path: str, raw: bytes | None = None, split: bool = True) -> tup
     links = kj.links(runtime, {"kernel": kernels, "memcpy": memcpy, "sync": syncs}, b.flows.frame(first))
     _fill_ext_ids(links, {"kernel": kernels, "memcpy": memcpy, "sync": syncs})
     steps, warnings = kj.steps(annotations)
+    if drops.total:
+        warnings.insert(0, drops.message())
     meta = _meta(doc, b.meta_events, path)
     trace = RankTrace(
         meta=meta,
@@ -308,6 +347,20 @@ def parse_kineto(path: str, raw: bytes | None = None, split: bool = True) -> tup
     )
     absolute_first = first + (meta.base_time_ns / 1000.0 if meta.base_time_ns else 0.0)
     return trace, absolute_first
+
+
+def _validate(b: _Builders) -> vd.Drops:
+    """The physical checks of validate.py over the whole file: events outside its plausible
+    time span and exact duplicates dropped (non-finite times and negative durations were dropped
+    while building). Returns every drop, for the warning."""
+    starts = [c["ts"] for k in (*TIMED, "memory") for c in getattr(b, k).chunks]
+    window = vd.plausible_window(np.concatenate(starts)) if starts else None
+    drops = vd.Drops()
+    for k in (*TIMED, "memory", "flows"):
+        builder = getattr(b, k)
+        builder.finalize(window)
+        drops.merge(builder.drops)
+    return drops
 
 
 def _fill_ext_ids(links, gpu) -> None:
@@ -332,7 +385,7 @@ def _meta_names(events: list[ks.Event]) -> tuple[dict[str, str], dict[str, str]]
         return procs, threads
     try:
         args = msgspec.json.decode(b"[" + b",".join([e.args for e in events]) + b"]", type=list[ks.MetaArgs])
-    except msgspec.ValidationError:
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         return procs, threads  # names are cosmetic: never fail a load on them
     for e, a in zip(events, args):
         if e.name == "process_name" and a.name:
@@ -347,7 +400,7 @@ def _meta_names(events: list[ks.Event]) -> tuple[dict[str, str], dict[str, str]]
 def _json_or(raw: msgspec.Raw, default):
     try:
         val = msgspec.json.decode(raw)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         return default
     return default if val is None else val
 
@@ -384,12 +437,12 @@ def _meta(doc: ks.KinetoFile, meta_events: list[ks.Event], path: str) -> TraceMe
         k: v for k in ("record_shapes", "profile_memory", "with_stack", "with_flops") if (v := _text(getattr(doc, k)))
     }
     procs, threads = _meta_names(meta_events)
-    world = dist.get("world_size") if dist else None
+    world = as_rank(dist.get("world_size")) if dist else None
     return TraceMeta(
         source=os.path.abspath(path),
         rank=-1,
         rank_source="",
-        world_size=int(world) if isinstance(world, int) or (isinstance(world, str) and world.isdigit()) else None,
+        world_size=world or None,
         schema_version=_text(doc.schemaVersion),
         trace_name=_text(doc.traceName),
         display_time_unit=_text(doc.displayTimeUnit),
@@ -405,9 +458,4 @@ def _meta(doc: ks.KinetoFile, meta_events: list[ks.Event], path: str) -> TraceMe
 
 def distributed_rank(trace: RankTrace) -> int | None:
     dist = trace.meta.distributed_info or {}
-    r = dist.get("rank")
-    if isinstance(r, int) and r >= 0:
-        return r
-    if isinstance(r, str) and r.isdigit():
-        return int(r)
-    return None
+    return as_rank(dist.get("rank"))

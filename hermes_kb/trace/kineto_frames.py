@@ -17,6 +17,7 @@ import pandas as pd
 
 from ..errors import BadTraceError
 from . import kineto_schema as ks
+from . import validate as vd
 from .columns import NameTable, call_tree, dim3, floats, floats_of, ids, ids_of, ints_of, streams
 from .names import annotation_kind, memcpy_parts, runtime_kind
 
@@ -49,6 +50,10 @@ def decode_args(events: list[ks.Event], typ: type, path: str, what: str) -> list
     except msgspec.ValidationError as exc:
         msg = str(exc)
         raise BadTraceError(f"ill-typed args in a {what} event: {msg.split(' - at ')[0]}", path) from None
+    except RecursionError:
+        raise BadTraceError(f"args of a {what} event nested too deeply", path) from None
+    except UnicodeDecodeError:
+        raise BadTraceError(f"invalid UTF-8 text in the args of a {what} event", path) from None
 
 
 def times(events: list[ks.Event], path: str, what: str) -> tuple[np.ndarray, np.ndarray]:
@@ -75,6 +80,7 @@ class FrameBuilder:
         self.names = NameTable()
         self.chunks: list[dict[str, np.ndarray]] = []
         self.n = 0
+        self.drops = vd.Drops()
 
     def add(self, events: list[ks.Event]) -> None:
         if events:
@@ -82,10 +88,60 @@ class FrameBuilder:
 
     def _add(self, events: list[ks.Event], args: list[Any]) -> None:
         ts, dur = times(events, self.path, self.what)
+        with np.errstate(invalid="ignore"):
+            non_finite = ~(np.isfinite(ts) & np.isfinite(dur))
+            negative = ~non_finite & (dur < 0)
+        if non_finite.any() or negative.any():  # physically impossible: dropped, counted (validate.py)
+            for mask, reason in ((non_finite, vd.NON_FINITE), (negative, vd.NEGATIVE)):
+                if mask.any():
+                    e = events[int(np.flatnonzero(mask)[0])]
+                    self.drops.add(self.what, reason, int(mask.sum()), vd.example(e.name, e.ts, e.dur))
+            keep = np.flatnonzero(~(non_finite | negative))
+            events = [events[i] for i in keep.tolist()]
+            args = [args[i] for i in keep.tolist()] if args else args
+            ts, dur = ts[keep], dur[keep]
+            if not events:
+                return
         cols = {"name": self.names.codes(list(map(_NAME, events))), "ts": ts, "dur": dur}
-        cols.update(self.extract(events, args, self.n))
+        try:
+            cols.update(self.extract(events, args, self.n))
+        except OverflowError:
+            raise BadTraceError(f"a {self.what} event has an integer (pid, tid, stream, device, correlation, External id, "
+                                "bytes) outside the 64-bit integer range", self.path) from None  # fmt: skip
         self.chunks.append(cols)
         self.n += len(events)
+
+    def finalize(self, window: tuple[float, float] | None) -> None:
+        """Drop the events outside the file's plausible time span and exact duplicates (every
+        column equal), counted in ``drops``; the rows left become one chunk."""
+        cols = self._columns()
+        if not cols:
+            return
+        ts, dur = cols["ts"], cols["dur"]
+        keep = ~vd.outside(ts, dur, window)
+        if not keep.all():
+            i = int(np.flatnonzero(~keep)[0])
+            self.drops.add(self.what, vd.OUTSIDE, int((~keep).sum()), vd.example(self._name(cols, i), ts[i], dur[i]))
+        idx = np.flatnonzero(keep)
+        if len(idx) > 1:
+            dup = pd.DataFrame({k: v[idx] for k, v in cols.items() if v.ndim == 1}).duplicated().to_numpy()
+            if dup.any():
+                i = int(idx[np.flatnonzero(dup)[0]])
+                self.drops.add(self.what, vd.DUPLICATE, int(dup.sum()), vd.example(self._name(cols, i), ts[i], dur[i]))
+                keep[idx[dup]] = False
+        if not keep.all():
+            new_index = np.cumsum(keep) - 1
+            for attr in ("collective_args",):
+                if hasattr(self, attr):
+                    setattr(self, attr, {int(new_index[k]): v for k, v in getattr(self, attr).items() if keep[k]})
+            cols = {k: v[keep] for k, v in cols.items()}
+        self.chunks = [cols] if len(cols["ts"]) else []
+        self.n = len(cols["ts"])
+
+    def _name(self, cols: dict[str, np.ndarray], i: int) -> str:
+        table = list(self.names.table)
+        code = int(cols["name"][i])
+        return str(table[code]) if 0 <= code < len(table) else "?"
 
     def extract(self, events: list[ks.Event], args: list[Any], offset: int) -> dict[str, np.ndarray]:
         return {}
@@ -101,6 +157,7 @@ class FrameBuilder:
                 getattr(self, attr).update({k + self.n: v for k, v in getattr(other, attr).items()})
         self.chunks.extend(other.chunks)
         self.n += other.n
+        self.drops.merge(other.drops)
 
     def min_ts(self) -> float:
         return min((float(c["ts"].min()) for c in self.chunks), default=float("inf"))
@@ -401,18 +458,36 @@ class Flows:
     activity's start. Only used to link activities whose args carry no correlation."""
 
     def __init__(self, path: str) -> None:
+        self.path = path
         self.ids: list[np.ndarray] = []
         self.ts: list[np.ndarray] = []
+        self.drops = vd.Drops()
 
     def merge(self, other: Flows) -> None:
         self.ids.extend(other.ids)
         self.ts.extend(other.ts)
+        self.drops.merge(other.drops)
 
     def add(self, events: list[ks.Event]) -> None:
         fin = [e for e in events if e.ph == "f"]
         if fin:
-            self.ids.append(ids([e.id if e.id is not None else -1 for e in fin]))
+            try:
+                self.ids.append(ids([e.id if e.id is not None else -1 for e in fin]))
+            except OverflowError:
+                raise BadTraceError("a flow event has an id outside the 64-bit integer range", self.path) from None
             self.ts.append(floats([e.ts for e in fin]))
+
+    def finalize(self, window: tuple[float, float] | None) -> None:
+        """Flow halves with a missing, non-finite or implausible time link nothing: dropped."""
+        if not self.ids:
+            return
+        i, t = np.concatenate(self.ids), np.concatenate(self.ts)
+        bad = ~np.isfinite(t) | vd.outside(t, np.zeros(len(t)), window)
+        if bad.any():
+            k = int(np.flatnonzero(bad)[0])
+            self.drops.add("flow", vd.OUTSIDE if np.isfinite(t[k]) else vd.NON_FINITE, int(bad.sum()),
+                           vd.example(f"flow {int(i[k])}", t[k]))  # fmt: skip
+        self.ids, self.ts = [i[~bad]], [t[~bad]]
 
     def frame(self, origin: float) -> pd.DataFrame:
         if not self.ids:

@@ -163,13 +163,23 @@ def _correlate_by_flow(g: pd.DataFrame, df: pd.DataFrame, flows: pd.DataFrame) -
     return g
 
 
+MIN_STEP_US = 1.0
+
+
 def steps(annotations: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     warnings: list[str] = []
     st = annotations[annotations["kind"] == "step"]
     if not len(st):
         return pd.DataFrame({"step": pd.Series(dtype=np.int64), "ts": pd.Series(dtype=np.float64),
                              "dur": pd.Series(dtype=np.float64), "end": pd.Series(dtype=np.float64)}), warnings  # fmt: skip
-    st = st[["step", "ts", "dur", "end"]].sort_values(["step", "dur"], ascending=[True, False])
+    st = st[["step", "ts", "dur", "end"]]
+    # a step shorter than a microsecond holds nothing to analyse (and no real training step is)
+    empty = ~(st["dur"] >= MIN_STEP_US)
+    if empty.any():
+        warnings.append(f"ProfilerStep(s) {sorted(set(st.loc[empty, 'step'].tolist()))[:8]} last under "
+                        f"{MIN_STEP_US:g} µs: left out")  # fmt: skip
+        st = st[~empty]
+    st = st.sort_values(["step", "dur"], ascending=[True, False])
     dup = st["step"].duplicated()
     if dup.any():
         warnings.append(

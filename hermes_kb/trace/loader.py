@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-from ..errors import BadTraceError, HermesError, InputNotFoundError, NoTracesError
+from ..errors import BadTraceError, HermesError, InputNotFoundError, NoTracesError, as_rank
 from ..cpus import usable_cpus
+from ..workers import Died, run_each
 from .ascend_files import OUTPUT_DIR, ascend_rank_dir, find_ascend_ranks
 from .bundle import LoadProblem, RankTrace, TraceBundle
 from .kineto import distributed_rank, parse_kineto
@@ -23,6 +23,7 @@ from .kineto import distributed_rank, parse_kineto
 TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 _RANK_RE = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 
+MIN_SPAN_US = 1.0  # a profile shorter than a microsecond has recorded nothing to analyse
 PathLike = str | os.PathLike
 Progress = Callable[[int, int, str], None]
 
@@ -45,6 +46,8 @@ def discover(paths: PathLike | Sequence[PathLike]) -> list[str]:
     for item in items:
         p = Path(item)
         if not p.exists():
+            if p.is_symlink():
+                raise BadTraceError("is a dangling symbolic link", str(p))
             raise InputNotFoundError("no such file or directory", str(p))
         if p.is_dir():
             npu = find_ascend_ranks(p)
@@ -73,7 +76,7 @@ def rank_from_filename(path: str) -> int | None:
     m = None
     for m in _RANK_RE.finditer(Path(path).name):
         pass
-    return int(m.group(1)) if m else None
+    return as_rank(m.group(1)) if m else None
 
 
 def _parse_one(path: str, split: bool = True) -> tuple[str, RankTrace | None, float, HermesError | None]:
@@ -87,6 +90,9 @@ def _parse_one(path: str, split: bool = True) -> tuple[str, RankTrace | None, fl
             trace, first = parse_ascend(af)
         else:
             trace, first = parse_kineto(path, split=split)
+        lo, hi = trace.time_span()
+        if not hi - lo >= MIN_SPAN_US:  # every step, share and gain would divide by (nearly) nothing
+            raise BadTraceError(f"its events span {max(hi - lo, 0.0):g} µs in all: no time to analyse", path)
         return path, trace, first, None
     except HermesError as exc:
         return path, None, 0.0, exc
@@ -104,20 +110,30 @@ def _workers(n_files: int, max_workers: int | None) -> int:
 
 
 def _parse_all(files: list[str], max_workers: int | None, progress: Progress | None):
+    """Every file parsed, each in its own forked worker when there are several (a worker that
+    dies, e.g. killed for memory, costs its own rank only: it is reported as that rank's problem)."""
     n = _workers(len(files), max_workers)
-    results = []
-    if n == 1:
-        for i, f in enumerate(files):
-            results.append(_parse_one(f))
-            if progress:
-                progress(i + 1, len(files), f)
-        return results
-    with ProcessPoolExecutor(max_workers=n) as pool:
-        for i, res in enumerate(pool.map(_parse_one, files, [False] * len(files))):
-            results.append(res)
-            if progress:
-                progress(i + 1, len(files), res[0])
-    return results
+    finished = 0
+
+    def done(i: int, res) -> None:
+        nonlocal finished
+        finished += 1
+        if progress:
+            progress(finished, len(files), files[i])
+
+    out = []
+    for f, res in zip(files, run_each(_parse_one, [(f, n == 1) for f in files], n, done)):
+        if isinstance(res, Died):
+            res = (f, None, 0.0, BadTraceError(f"not loaded: {res.describe()}", f))
+        elif isinstance(res, BaseException):  # _parse_one catches everything; kept for safety
+            res = (f, None, 0.0, BadTraceError(f"unexpected {type(res).__name__} while reading: {res}", f))
+        out.append(res)
+    return out
+
+
+def _names_a_file(warning: str) -> bool:
+    first = warning.split(": ", 1)[0]
+    return "/" in first or os.sep in first or first.endswith((".json", ".gz", ".csv", ".db", ".jsonl"))
 
 
 def assign_ranks(traces: list[RankTrace]) -> list[str]:
@@ -174,6 +190,8 @@ def load(
         raise NoTracesError(f"none of the {len(files)} trace files could be loaded; first: {errs[0]}")
     traces = [t for t, _ in good]
     notes = assign_ranks(traces)
+    for t in traces:  # damage a reader dropped or skipped reaches every report, named by file
+        notes.extend(w if _names_a_file(w) else f"{t.meta.source}: {w}" for w in t.warnings)
     origin = min(first for _, first in good)
     for t, first in good:
         t.shift(first - origin)

@@ -1,0 +1,104 @@
+"""The HTML report (``hermes advise --format html``): one self-contained page, no script, no
+network (a Content-Security-Policy says so to the browser too), charts as inline SVG
+(render/svg.py). Every string from the report is cleaned of control characters and
+HTML-escaped by jinja2's autoescape; chart labels are escaped by render/svg.py."""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePath
+
+import jinja2
+from markupsafe import Markup
+
+from ..report import Report
+from ..sanitize import clean_model
+from . import svg
+from .report import _TEMPLATES, _WORDS, MIN_SPEEDUP, breakdown_rows, shown_findings
+
+MAX_HTML_RANKS = 64  # breakdown bars
+MAX_SERIES_RANKS = 8  # lines in the step-time chart
+MAX_PATH_RANKS = 8
+
+
+def _pct(v) -> str:
+    return f"{svg.num(v):.0%}"
+
+
+def _num(v) -> str:
+    if isinstance(v, float):
+        return f"{v:,.4g}"
+    return str(v)
+
+
+def env() -> jinja2.Environment:
+    e = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(_TEMPLATES)),
+        autoescape=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    e.filters.update(ms=svg.ms, pct=_pct, num=_num, f1=lambda v: f"{svg.num(v):,.1f}", f2=lambda v: f"{svg.num(v):,.2f}",
+                     basename=lambda p: PurePath(str(p)).name or str(p),
+                     is_url=lambda s: bool(re.fullmatch(r"https?://[^\s<>\"'`\\]+", str(s))))  # fmt: skip
+    e.globals.update(bar=svg.hbar)
+    return e
+
+
+def _series_ranks(report: Report) -> list:
+    """The ranks drawn in the step-time chart: all up to MAX_SERIES_RANKS, else the slowest and
+    the fastest by mean step."""
+    have = [s for s in report.summary if s.series]
+    if len(have) <= MAX_SERIES_RANKS:
+        return have
+    have.sort(key=lambda s: -(s.mean_step_us or 0.0))
+    keep = have[: MAX_SERIES_RANKS // 2] + have[-MAX_SERIES_RANKS // 2 :]
+    return sorted(keep, key=lambda s: s.rank)
+
+
+def render_html(report: Report) -> str:
+    r = clean_model(report)
+    rows = breakdown_rows(r, MAX_HTML_RANKS)
+    shown, hidden = shown_findings(r)
+    drawn = _series_ranks(r)
+    spikes = sorted(((s.rank, p) for s in r.summary for p in s.series if p.spike),
+                    key=lambda rp: -(rp[1].excess_us or rp[1].duration_us))  # fmt: skip
+    monitor = any(s.steps_count is not None for s in r.summary)
+    causes = sorted({p.spike for _, p in spikes})
+    series_note = ("Every step of the monitored run after warm-up (at most 2,000 points per rank: the longest step of "
+                   "each bucket), per rank; circled: spikes above the rolling median, coloured by cause."
+                   if monitor else "The profiled steps, per rank; circled: steps the fluctuation analysis found "
+                   "above their rolling threshold.")  # fmt: skip
+    if len(drawn) < len([s for s in r.summary if s.series]):
+        series_note += f" {len(drawn)} ranks drawn: the slowest and the fastest."
+    path_ranks = [s for s in r.summary if s.critical_path_ops]
+    ctx = {
+        "report": r,
+        "title": ", ".join(PurePath(s).name for s in r.inputs.sources[:3]) or "report",
+        "rows": rows,
+        "components": svg.COMPONENTS,
+        "words": _WORDS,
+        "ranks_left_out": max(0, len([s for s in r.summary if s.breakdown_us]) - MAX_HTML_RANKS),
+        "breakdown_chart": svg.breakdown_chart(rows) if rows else Markup(""),
+        "breakdown_legend": svg.legend([(n, c) for _, n, c in svg.COMPONENTS] + [("holds the step (outlined)", "#000")]),
+        "step_chart": svg.step_chart([(s.rank, s.series) for s in drawn]) if drawn else None,
+        "step_legend": svg.legend([(f"rank {s.rank}", svg.RANK_COLORS[i % len(svg.RANK_COLORS)]) for i, s in enumerate(drawn)]
+                                  + [(f"spike: {c}", svg.SPIKE_COLORS.get(c, "#333")) for c in causes]),  # fmt: skip
+        "series_note": series_note,
+        "spikes": spikes,
+        "path_ranks": path_ranks[:MAX_PATH_RANKS],
+        "path_left_out": max(0, len(path_ranks) - MAX_PATH_RANKS),
+        "findings": [(f, svg.gain_chart(f.step_time_us, f.removable_us.low if f.removable_us else 0.0,
+                                        f.removable_us.high if f.removable_us else 0.0,
+                                        f.expected_speedup.low, f.expected_speedup.high)) for f in shown],  # fmt: skip
+        "hidden": hidden,
+        "min_speedup": MIN_SPEEDUP,
+        "combined_chart": svg.gain_chart(r.combined.step_time_us, r.combined.removable_us.low, r.combined.removable_us.high,
+                                         r.combined.expected_speedup.low, r.combined.expected_speedup.high)
+        if r.combined else Markup(""),
+    }  # fmt: skip
+    return env().get_template("report.html.j2").render(**ctx)
+
+
+__all__ = ["render_html"]
