@@ -52,7 +52,9 @@ def bounded(wait: DataLoaderWait, cpu: MonitorCpu) -> DataLoaderWait:
     busy = busy_cores(cpu)
     t, d = wait.step_us, wait.data_time_us
     floor = max(t - d, t * min(1.0, busy / budget))
-    return wait.model_copy(update={"job_cores": budget, "busy_cores": busy, "core_bound_us": max(t - floor, 0.0)})
+    own = cpu.process_cores + (cpu.children_cores or 0.0)  # what the job itself used, apart from the others
+    return wait.model_copy(update={"job_cores": budget, "busy_cores": busy, "own_cores": own,
+                                   "core_bound_us": max(t - floor, 0.0)})  # fmt: skip
 
 
 def with_core_bounds(facts: list[Fact]) -> list[Fact]:

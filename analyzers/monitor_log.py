@@ -10,12 +10,19 @@ and across ranks. Formulas and thresholds: docs/analysis/monitor.md.
 - ``monitor_cpu``: per rank, CPU use of the process, its workers, the other ranks and the
   other processes, run-queue wait, affinity and thread counts;
 - ``monitor_env_setting``: per rank, environment settings known to cost performance.
+
+The monitor's own notes (``rank<R>.monitor.jsonl``: the warm-up it detected, its triggers and
+their reasons, the process groups it found, how it obtained the FLOPs) set the warm-up left out,
+the steps it slowed itself (captures, the FLOP-counted step: left out), the domains, and the
+lines ``notes_warnings`` adds to the report.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,6 +48,80 @@ PAGE_BYTES = 4096  # the log does not record the page size; 4 KiB on x86-64 and 
 CHECKPOINT_RE = re.compile(r"ckpt|checkpoint|save", re.IGNORECASE)
 GC_DEFAULT_GEN0 = 700  # CPython 3.8-3.12 (3.13: 2000)
 TRUE = {"1", "true", "yes", "on"}
+NOTES = "rank{rank}.monitor.jsonl"
+MAX_NOTES_BYTES = 64 << 20  # a notes file larger than this is damage: the monitor writes a few lines an hour
+KEEP_AFTER_WARMUP = 0.5  # a detected warm-up is used when it leaves at least half of the steps
+KIND_WORDS = {"slow_step": "slow step", "slow_rank": "slowest rank", "throughput_drop": "throughput drop"}
+MAX_DOMAIN_LINES = 3
+
+
+def read_notes(run: RunLog) -> dict[int, list[dict]]:
+    """Per rank, the records of ``rank<R>.monitor.jsonl`` from its last start (a run directory
+    reused by a second run keeps the second's); damaged lines are skipped."""
+    out: dict[int, list[dict]] = {}
+    d = Path(run.run_dir)
+    for r in run.ranks:
+        p = d / NOTES.format(rank=r)
+        try:
+            if not p.is_file():
+                continue
+            with open(p, "rb") as fh:
+                data = fh.read(MAX_NOTES_BYTES)
+        except OSError:
+            continue
+        recs: list[dict] = []
+        for line in data.splitlines():
+            try:
+                rec = json.loads(line)
+            except (ValueError, UnicodeDecodeError, RecursionError):
+                continue
+            if not isinstance(rec, dict) or not isinstance(rec.get("type"), str):
+                continue
+            if rec["type"] == "start":
+                recs = []
+            recs.append(rec)
+        out[r] = recs
+    return out
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) else None
+
+
+def _warmup_end(notes: list[dict]) -> int | None:
+    for rec in notes:
+        if rec.get("type") == "warmup" and rec.get("settled") is True and (e := _int(rec.get("end_step"))) is not None:
+            return e
+    return None
+
+
+def run_warmup_end(notes: dict[int, list[dict]]) -> int | None:
+    """The last step of the run's warm-up: the latest any rank detected (ranks compared with each
+    other must be compared over the same steps)."""
+    ends = [e for recs in notes.values() if (e := _warmup_end(recs)) is not None]
+    return max(ends) if ends else None
+
+
+def _perturbed(log: RankLog, notes: list[dict]) -> set[int]:
+    """Steps the monitor slowed itself: each capture's profiled steps and the step after (it
+    writes the trace), and the step whose FLOPs it counted."""
+    out: set[int] = set()
+    for c in log.captures:
+        last, n = _int(c.get("step")), _int(c.get("steps"))
+        if last is None or "first_step" not in c:  # an older monitor's record: its steps are not known
+            continue
+        first = _int(c.get("first_step"))
+        if first is None or first > last or last - first > 10_000:
+            continue
+        out.update(range(first, last + 2))
+    for rec in notes:
+        if rec.get("type") == "mfu" and (s := _int(rec.get("counted_step"))) is not None:
+            out.add(s)
+    return out
 
 
 def _median(x: np.ndarray) -> float:
@@ -53,29 +134,55 @@ def _opt(v: float) -> float | None:
 
 
 class _Series:
-    """One rank's step columns as numpy arrays, warm-up steps dropped."""
+    """One rank's step columns as numpy arrays, warm-up steps and the steps the monitor slowed
+    itself (captures, the FLOP-counted step) dropped. The warm-up is the one the monitor
+    detected from the step times (its notes; ``warmup_end``: the run's, the latest of its ranks)
+    when it leaves at least half of the steps, else the first ``WARMUP`` steps (with at least
+    ``MIN_STEPS_FOR_WARMUP``)."""
 
-    def __init__(self, log: RankLog):
+    def __init__(self, log: RankLog, notes: list[dict] | None = None, warmup_end: int | None = None):
         n = log.steps_count
+        notes = notes or []
+        steps = np.asarray(log.step, dtype=np.int64)
         w = WARMUP if n >= MIN_STEPS_FOR_WARMUP else 0
+        end = warmup_end if warmup_end is not None else _warmup_end(notes)
+        self.detected = False
+        if end is not None:
+            k = int(np.searchsorted(steps, end, side="right")) if n and np.all(np.diff(steps) > 0) else None
+            if k is not None and n - k >= KEEP_AFTER_WARMUP * n:
+                w, self.detected = k, True
         self.warmup = w
-        self.step = np.asarray(log.step, dtype=np.int64)[w:]
-        self.wall = np.asarray(log.wall_s, dtype=np.float64)[w:] * 1e6
-        self.dw = np.nan_to_num(np.asarray(log.data_wait_s, dtype=np.float64)[w:]) * 1e6
-        self.gc = np.nan_to_num(np.asarray(log.gc_pause_s, dtype=np.float64)[w:]) * 1e6
-        self.gen2 = np.asarray(log.gc_gen2, dtype=np.int64)[w:]
-        self.cpu = np.asarray(log.cpu_s, dtype=np.float64)[w:] * 1e6
-        self.sys = np.asarray(log.sys_s, dtype=np.float64)[w:] * 1e6
-        self.flt = np.asarray(log.minflt, dtype=np.float64)[w:]
-        self.opt = np.asarray(log.optimizer_s, dtype=np.float64)[w:] * 1e6
-        self.opt_sys = np.asarray(log.optimizer_sys_s, dtype=np.float64)[w:] * 1e6
-        self.opt_flt = np.asarray(log.optimizer_minflt, dtype=np.float64)[w:]
-        self.sps = np.asarray(log.samples_per_s, dtype=np.float64)[w:]
-        self.mfu = np.asarray(log.mfu, dtype=np.float64)[w:]
-        self.flags = np.asarray(log.fluctuation, dtype=np.int8)[w:]
+        keep = np.zeros(n, dtype=bool)
+        keep[w:] = True
+        skip = _perturbed(log, notes)
+        if skip:
+            keep &= ~np.isin(steps, np.fromiter(skip, dtype=np.int64))
+        self.excluded = int(n - w - keep.sum())
+
+        def col(a, dtype=np.float64):
+            return np.asarray(a, dtype=dtype)[keep]
+
+        self.step = steps[keep]
+        self.wall = col(log.wall_s) * 1e6
+        self.dw = np.nan_to_num(col(log.data_wait_s)) * 1e6
+        self.gc = np.nan_to_num(col(log.gc_pause_s)) * 1e6
+        self.gen2 = col(log.gc_gen2, np.int64)
+        self.cpu = col(log.cpu_s) * 1e6
+        self.sys = col(log.sys_s) * 1e6
+        self.flt = col(log.minflt)
+        self.opt = col(log.optimizer_s) * 1e6
+        self.opt_sys = col(log.optimizer_sys_s) * 1e6
+        self.opt_flt = col(log.optimizer_minflt)
+        self.sps = col(log.samples_per_s)
+        self.mfu = col(log.mfu)
+        self.flags = col(log.fluctuation, np.int8)
+        comm = getattr(log, "comm_s", None)  # absent from readers older than the monitor's comm timing
+        self.comm = (col(comm) * 1e6 if comm is not None and len(comm) == n
+                     else np.full(len(self.wall), np.nan))  # fmt: skip
         first = int(self.step[0]) if len(self.step) else 0
-        self.events = {s: e for s, e in log.events.items() if s >= first}
-        self.device = np.array([v for s, v in log.device_s.items() if s >= first], dtype=np.float64) * 1e6
+        kept = set(self.step.tolist())
+        self.events = {s: e for s, e in log.events.items() if s in kept}
+        self.device = np.array([v for s, v in log.device_s.items() if s >= first and s in kept], dtype=np.float64) * 1e6
 
     def __len__(self) -> int:
         return len(self.wall)
@@ -85,13 +192,30 @@ class _Series:
         return self.wall - self.dw - self.gc
 
 
-def _steps_fact(rank: int, s: _Series) -> MonitorSteps:
+def _mfu_note(notes: list[dict]) -> dict | None:
+    """The monitor's last FLOPs record that gave a count."""
+    got = [r for r in notes if r.get("type") == "mfu" and r.get("counted") is True and _num(r.get("flops_per_step"))]
+    return got[-1] if got else None
+
+
+def _steps_fact(rank: int, s: _Series, notes: list[dict] | None = None) -> MonitorSteps:
     total = float(s.wall.sum())
     names = sorted({k for e in s.events.values() for k in e})
+    comm_ok = ~np.isnan(s.comm)
+    comm = float(np.median(s.comm[comm_ok])) if comm_ok.sum() >= max(3, len(s) // 2) else None
+    mfu = _median(s.mfu)
+    m = _mfu_note(notes or [])
+    source = None
+    if m is not None:
+        source = f"FLOPs: {m.get('source')}; peak: {m.get('peak_source')}"
+    elif not np.isnan(mfu):
+        source = "FLOPs and peak given (Monitor(flops_per_step=..., peak_flops=...))"
     return MonitorSteps(
         rank=rank,
         steps_count=len(s),
         warmup_steps_count=s.warmup,
+        warmup_detected=s.detected,
+        excluded_steps_count=s.excluded,
         median_us=float(np.median(s.wall)),
         mean_us=float(s.wall.mean()),
         p95_us=float(np.percentile(s.wall, 95)),
@@ -103,13 +227,20 @@ def _steps_fact(rank: int, s: _Series) -> MonitorSteps:
         gc_ratio=min(float(s.gc.sum()) / total, 1.0) if total > 0 else 0.0,
         gc_gen2_count=int(s.gen2.sum()),
         compute_us=float(np.median(s.compute)),
+        comm_us=comm,
+        comm_ratio=min(float(s.comm[comm_ok].sum()) / float(s.wall[comm_ok].sum()), 1.0) if comm is not None else None,
         cpu_us=_opt(_median(s.cpu)),
         device_us=_opt(_median(s.device)) if len(s.device) else None,
         samples_per_s=_opt(_median(s.sps)),
-        mfu_ratio=_opt(min(_median(s.mfu), 1.0)) if not np.isnan(_median(s.mfu)) else None,
+        mfu_ratio=_opt(min(mfu, 1.0)) if not np.isnan(mfu) else None,
+        step_flops=_num(m.get("flops_per_step")) if m else None,
+        peak_flops_per_s=_num(m.get("peak_flops")) if m else None,
+        mfu_source=source,
         events=names[:20],
         online_fluctuations_count=int(s.flags.sum()),
-        evidence=Evidence(note=f"steps {int(s.step[0])}-{int(s.step[-1])} of the monitor log"),
+        evidence=Evidence(note=f"steps {int(s.step[0])}-{int(s.step[-1])} of the monitor log"
+                          + (f" (warm-up detected: {s.warmup} steps)" if s.detected else "")
+                          + (f"; {s.excluded} step(s) the monitor slowed left out" if s.excluded else "")),
     )
 
 
@@ -392,17 +523,27 @@ def _cpu_fact(rank: int, log: RankLog, s: _Series, run: RunLog) -> MonitorCpu | 
     )
 
 
-def _domains(run: RunLog) -> dict[str, list[int]]:
-    groups: dict[str, list[int]] = defaultdict(list)
+def _domains(run: RunLog, notes: dict[int, list[dict]] | None = None) -> dict[str, list[int]]:
+    """Communication domains: the process groups the monitor found in torch.distributed (its
+    notes: every member, the ranks without a log left out), the names given with
+    ``Monitor(domains=...)``, else every rank of the run (``all``)."""
+    groups: dict[str, set[int]] = defaultdict(set)
     for r, log in run.ranks.items():
         for d in (log.environment or {}).get("domains") or []:
-            groups[str(d)].append(r)
+            groups[str(d)].add(r)
+    for r, recs in (notes or {}).items():
+        found = [x for x in recs if x.get("type") == "domains" and isinstance(x.get("domains"), list)]
+        for d in found[-1]["domains"] if found else []:
+            if not isinstance(d, dict) or not isinstance(d.get("name"), str):
+                continue
+            ranks = [x for x in d.get("ranks") or [] if isinstance(x, int) and x in run.ranks]
+            groups[d["name"]].update(ranks or [r])
     if not groups:
-        groups["all"] = sorted(run.ranks)
+        groups["all"] = set(run.ranks)
     return {g: sorted(rs) for g, rs in groups.items()}
 
 
-def _slow_rank(group: str, series: dict[int, _Series]) -> MonitorSlowRank | None:
+def _slow_rank(group: str, series: dict[int, _Series], rq_us: dict[int, float] | None = None) -> MonitorSlowRank | None:
     ranks = sorted(series)
     if len(ranks) < 2:
         return None
@@ -410,30 +551,47 @@ def _slow_rank(group: str, series: dict[int, _Series]) -> MonitorSlowRank | None
     dw = {r: float(np.median(series[r].dw)) for r in ranks}
     comp = {r: float(np.median(series[r].compute)) for r in ranks}
     cpu = {r: _median(series[r].cpu) for r in ranks}
+    comm = {r: _median(series[r].comm) for r in ranks}
+    timed = all(not np.isnan(v) for v in comm.values())
     mid = float(np.median(list(wall.values())))
     sync = (max(wall.values()) - min(wall.values())) <= SYNC_TOL * mid
+    own = {r: float(np.median(series[r].compute - series[r].comm)) for r in ranks} if timed else {}
 
-    def parts(r: int) -> tuple[float, float]:
+    def parts(r: int) -> tuple[float, float, str]:
         others = [o for o in ranks if o != r]
         d = max(dw[r] - float(np.median([dw[o] for o in others])), 0.0)
-        if not sync:
-            c = max(comp[r] - float(np.median([comp[o] for o in others])), 0.0)
-        else:
+        got: list[tuple[float, str]] = []
+        if timed:
+            # a rank waiting in a collective waits for someone: its own work is the rest
+            got.append((own[r] - float(np.median([own[o] for o in others])), "communication"))
+        if not sync and not timed:
+            got.append((comp[r] - float(np.median([comp[o] for o in others])), "step"))
+        if sync:
             # synchronised: the others' compute includes waiting for this rank, so compare the
             # CPU time the ranks burn per step, converted to wall time at this rank's own rate
+            # (also with collectives timed: those issued from C++, DDP's on gloo, are not seen)
             co = _median(np.array([cpu[o] for o in others]))
-            c = comp[r] * (1 - co / cpu[r]) if not np.isnan(cpu[r]) and not np.isnan(co) and cpu[r] > co > 0 else 0.0
-        return d, max(c, 0.0)
+            ok = not np.isnan(cpu[r]) and not np.isnan(co) and cpu[r] > co > 0
+            got.append((comp[r] * (1 - co / cpu[r]) if ok else 0.0, "cpu"))
+        c, how = max(got)
+        return d, max(c, 0.0), how
 
     excess = {r: parts(r) for r in ranks}
-    slow = max(ranks, key=lambda r: (sum(excess[r]), wall[r]))
-    d, c = excess[slow]
+    slow = max(ranks, key=lambda r: (excess[r][0] + excess[r][1], wall[r]))
+    d, c, how = excess[slow]
     total = d + c
     step = max(wall.values())
+    waits = {r: v for r, v in (rq_us or {}).items() if r in series}
+    cpu_wait = None
+    if slow in waits and len(waits) >= 2:
+        cpu_wait = min(max(waits[slow] - float(np.median([v for r, v in waits.items() if r != slow])), 0.0), c)
 
     def top(vals: dict[int, float]) -> dict[int, float]:
         return dict(sorted(((r, v) for r, v in vals.items() if not np.isnan(v)), key=lambda kv: -kv[1])[:10])
 
+    note = f"medians per rank over the monitored steps; ranks {ranks}"
+    if timed:
+        note += "; own work = step - data wait - GC - time in collectives"
     return MonitorSlowRank(
         rank=slow,
         group=group,
@@ -443,6 +601,7 @@ def _slow_rank(group: str, series: dict[int, _Series]) -> MonitorSlowRank | None
         per_rank_step_us=top(wall),
         per_rank_data_wait_us=top(dw),
         per_rank_cpu_us=top(cpu),
+        per_rank_comm_us=top(comm) if timed else {},
         step_us=step,
         others_step_us=float(np.median([wall[o] for o in ranks if o != slow])),
         data_wait_excess_us=d,
@@ -451,28 +610,35 @@ def _slow_rank(group: str, series: dict[int, _Series]) -> MonitorSlowRank | None
         excess_ratio=min(total / step, 1.0) if step > 0 else 0.0,
         cause="data_wait" if d >= c else "compute",
         data_share_ratio=d / total if total > 0 else 0.0,
-        evidence=Evidence(note=f"medians per rank over the monitored steps; ranks {ranks}"),
+        measure=how,
+        cpu_wait_excess_us=cpu_wait,
+        evidence=Evidence(note=note),
     )
 
 
 def monitor_facts(run: RunLog) -> list[Fact]:
     facts: list[Fact] = []
     series: dict[int, _Series] = {}
+    notes = read_notes(run)
+    end = run_warmup_end(notes)
+    waits: dict[int, float] = {}
     for r in sorted(run.ranks):
         log = run.ranks[r]
-        s = _Series(log)
+        s = _Series(log, notes.get(r), end)
         if len(s) == 0:
             continue
         series[r] = s
-        facts.append(_steps_fact(r, s))
+        facts.append(_steps_fact(r, s, notes.get(r)))
         facts.extend(_spike_facts(r, s))
         if (cpu := _cpu_fact(r, log, s, run)) is not None:
             facts.append(cpu)
+            if cpu.runqueue_wait_us is not None:
+                waits[r] = cpu.runqueue_wait_us
         if (pf := _fault_fact(r, s)) is not None:
             facts.append(pf)
         facts.extend(_env_facts(r, log, s, _device(log)))
-    for group, ranks in _domains(run).items():
-        f = _slow_rank(group, {r: series[r] for r in ranks if r in series})
+    for group, ranks in _domains(run, notes).items():
+        f = _slow_rank(group, {r: series[r] for r in ranks if r in series}, waits)
         if f is not None:
             facts.append(f)
     return facts
@@ -485,18 +651,31 @@ def platform_of(run: RunLog) -> str:
 
 def summary_of(run: RunLog, captured: dict[int, Any] | None = None) -> list[dict[str, Any]]:
     """Per rank: steps, mean step and its breakdown over the whole run. The monitor measures the
-    data wait and the GC pauses of every step; the rest of the step is split as the rank's
-    capture splits its own (step_breakdown of the profiled steps, data and GC left out), else it
-    counts as compute (the monitor cannot see further)."""
+    data wait and the GC pauses of every step, the main thread's wait for a CPU (run queue, its
+    resource samples: not compute, counted as idle) and, on a rank without device times, the time
+    blocked in the collectives it timed (communication); the rest of the step is split as the
+    rank's capture splits its own (step_breakdown of the profiled steps, data and GC left out, the
+    capture's own communication share kept), else it counts as compute (the monitor cannot see
+    further)."""
     out = []
+    notes = read_notes(run)
+    end = run_warmup_end(notes)
     for r in sorted(run.ranks):
-        s = _Series(run.ranks[r])
+        log = run.ranks[r]
+        s = _Series(log, notes.get(r), end)
         if len(s) == 0:
             continue
         mean = float(s.wall.mean())
         data, gc = float(s.dw.mean()), float(s.gc.mean())
-        rest = max(mean - data - gc, 0.0)
         bd = (captured or {}).get(r)
+        rest = max(mean - data - gc, 0.0)
+        rq = _sample_median(log.samples, "runqueue_wait_ratio")
+        cpu_wait = min(max(rq, 0.0) * mean, rest) if rq is not None else 0.0
+        rest -= cpu_wait
+        comm = 0.0
+        if bd is None and not log.device_s and not np.isnan(s.comm).all():
+            comm = min(float(np.nan_to_num(s.comm).mean()), rest)  # CPU collectives block: exposed
+            rest -= comm
         parts = {k: 0.0 for k in COMPONENTS}
         measured_data = bool((s.dw > 0).any())  # a loop not wrapped in mon.wrap() records no data wait
         if bd is not None:
@@ -511,6 +690,8 @@ def summary_of(run: RunLog, captured: dict[int, Any] | None = None) -> list[dict
             parts["compute"] = rest
         parts["data"] += data
         parts["host_python"] += gc
+        parts["idle"] += cpu_wait
+        parts["communication"] += comm
         top = {"compute": parts["compute"], "communication": parts["communication"],
                "host": parts["host_launch"] + parts["host_dispatch"] + parts["host_python"],
                "data": parts["data"], "idle": parts["idle"]}  # fmt: skip
@@ -521,3 +702,87 @@ def summary_of(run: RunLog, captured: dict[int, Any] | None = None) -> list[dict
                     "critical_component": crit, "critical_ratio": round(top[crit] / mean, 4) if mean > 0 else None,
                     "device_kind": device})  # fmt: skip
     return out
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ", ".join(map(str, ranks))
+
+
+def notes_warnings(run: RunLog, notes: dict[int, list[dict]] | None = None) -> list[str]:
+    """What the monitor decided by itself, for the report's warnings: each automatic capture with
+    its reason and what it held; triggers that asked for a capture and did not get one (one line
+    per rank and kind); a warm-up that never settled; how the FLOPs and the peak behind MFU were
+    obtained and the domains found (one line for all ranks that share it)."""
+    notes = read_notes(run) if notes is None else notes
+    out: list[str] = []
+    shared: dict[str, list[int]] = defaultdict(list)
+    for r in sorted(notes):
+        recs = notes[r]
+        got = {x.get("id"): x for x in recs if x.get("type") == "captured"}
+        taken: set[str] = set()
+        for t in recs:
+            if t.get("type") != "trigger" or t.get("captured") is not True:
+                continue
+            kind = str(t.get("kind"))
+            c = got.get(t.get("id"))
+            line = f"monitor: rank {r}: automatic capture ({KIND_WORDS.get(kind, kind)}): {t.get('reason')}"
+            if c is None:
+                line += "; the capture did not run (the run ended first)"
+            elif c.get("error"):
+                line += f"; the capture failed: {c['error']}"
+            else:
+                a, b = _int(c.get("first_step")), _int(c.get("last_step"))
+                line += f"; captured steps {a}-{b}" if a is not None and b is not None else "; captured"
+                sl, w, ref = _int(c.get("slowest_step")), _num(c.get("slowest_s")), _num(c.get("others_median_s"))
+                if kind == "slow_step" and sl is not None and w and ref:
+                    held = "held" if c.get("caught") else "missed the slow step: its slowest was"
+                    line += f", which {held} step {sl} ({w * 1e3:,.1f} ms against {ref * 1e3:,.1f} ms for the others)"
+                if c.get("trace"):
+                    line += f" ({Path(str(c['trace'])).name})"
+            out.append(line)
+            taken.add(kind)
+        refused: dict[str, list[dict]] = defaultdict(list)
+        for t in recs:
+            if t.get("type") == "trigger" and t.get("captured") is False and (t.get("kind") != "slow_step" or t.get("plan")):
+                refused[str(t.get("kind"))].append(t)
+        for kind, ts in refused.items():
+            if kind in taken:
+                continue
+            more = f" ({len(ts) - 1} more like it)" if len(ts) > 1 else ""
+            out.append(f"monitor: rank {r}: {KIND_WORDS.get(kind, kind)} not captured ({ts[0].get('why_not')}): "
+                       f"{ts[0].get('reason')}{more}")  # fmt: skip
+        for w in recs:
+            if w.get("type") == "warmup" and w.get("settled") is False:
+                out.append(f"monitor: rank {r}: {w.get('reason')} (end at step {w.get('end_step')})")
+        m = _mfu_note(recs)
+        if m is not None:
+            shared[f"monitor: MFU from FLOPs: {m.get('source')}, {_num(m.get('flops_per_step')) or 0:,.4g} per step; "
+                   f"peak: {m.get('peak_source')}"].append(r)  # fmt: skip
+        else:
+            why = [x for x in recs if x.get("type") == "mfu" and x.get("counted") is False]
+            if why:
+                shared[f"monitor: no MFU: {why[-1].get('reason')}"].append(r)
+        doms = [x for x in recs if x.get("type") == "domains"]
+        if doms and isinstance(doms[-1].get("domains"), list):
+            ds = [d for d in doms[-1]["domains"] if isinstance(d, dict)]
+            text = "; ".join(f"{d.get('name')} ({_ranks_text([x for x in d.get('ranks') or [] if isinstance(x, int)])}, "
+                             f"{d.get('backend')})" for d in ds)  # fmt: skip
+            comm = "; ".join(str(x) for x in doms[-1].get("comm") or [])
+            shared[f"monitor: domains found in torch.distributed: {text or 'none of 2 ranks or more'}"
+                   + (f"; time in collectives measured by {comm}" if comm else "")].append(r)
+    doms = 0
+    for text, ranks in shared.items():
+        if "domains found" in text:
+            doms += 1
+            if doms > MAX_DOMAIN_LINES:  # a large job has one layout per group of ranks: a few are enough
+                continue
+        out.append(text.replace("monitor: ", f"monitor: {_ranks_text(ranks)}: ", 1))
+    if doms > MAX_DOMAIN_LINES:
+        out.append(f"monitor: {doms - MAX_DOMAIN_LINES} more layouts of process groups on the other ranks "
+                   f"(`hermes analyze RUN_DIR -k monitor_slow_rank` lists every domain)")  # fmt: skip
+    return list(dict.fromkeys(out))

@@ -6,8 +6,9 @@ rank has to be found from its own work. Needs torch (torch==2.13.0).
 - rank 0 has a GC storm: a long-lived heap, gc thresholds (100, 2, 2), reference cycles kept for
   three steps, so full collections of tens of ms come back every few steps (and rank 1 waits
   for them at the next all-reduce);
-- the Monitor runs with auto_capture=True: a flagged fluctuation triggers a 2-step torch.profiler
-  capture (at most 2 an hour), written next to the logs and analysed by ``hermes advise``.
+- the Monitor runs with its automatic captures (at most 2 an hour; the slow-rank board every 0.5 s
+  for a run of seconds): after the warm-up it detects, recurring slow steps and the slowest rank
+  trigger torch.profiler captures, written next to the logs and analysed by ``hermes advise``.
 
     /tmp/torchvenv/bin/python benchmarks/monitor_two_ranks_gloo.py OUT_DIR [--steps 200]
 """
@@ -51,7 +52,7 @@ def run_rank(rank: int, world: int, out: str, steps: int, port: int) -> None:
             yield i
 
     with Monitor(out, samples_per_step=64, sample_every=20, procs_every_s=1.0, auto_capture=True,
-                 captures_per_hour=2, poll_s=0.2) as mon:
+                 captures_per_hour=2, poll_s=0.2, peers_every_s=0.5) as mon:
         for i in mon.wrap(batches()):
             if rank == 1:  # extra local work outside DDP's synchronised backward
                 with torch.no_grad():

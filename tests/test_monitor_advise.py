@@ -289,15 +289,21 @@ def test_recorded_numbers_by_hand():
 
 def test_real_two_process_run(tmp_path):
     """Two real processes under the Monitor: rank 1 slow, rank 0 with a GC storm."""
-    run = tmp_path / "run"
-    subprocess.run([sys.executable, str(ROOT / "benchmarks/monitor_two_ranks.py"), str(run), "--steps", "160"],
-                   check=True, timeout=300)  # fmt: skip
-    out = subprocess.run([sys.executable, "-m", "hermes_kb.cli", "advise", str(run), "--format", "json"],
-                         capture_output=True, text=True)  # fmt: skip
-    assert out.returncode == 0, out.stderr
+    for attempt in range(2):  # a real 2-process run on a shared 2-core machine: one retry when load hid the slow rank
+        run = tmp_path / f"run{attempt}"
+        subprocess.run([sys.executable, str(ROOT / "benchmarks/monitor_two_ranks.py"), str(run), "--steps", "160"],
+                       check=True, timeout=300)  # fmt: skip
+        out = subprocess.run([sys.executable, "-m", "hermes_kb.cli", "advise", str(run), "--format", "json"],
+                             capture_output=True, text=True)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        report = json.loads(out.stdout)
+        if any(f["case_id"] == "C-MON-006" for f in report["findings"]):
+            break
     # a fresh run on a shared 2-core machine: rank 0's GC storm inflates the reference the slow
-    # rank is measured against by a varying amount (10-30% excess seen), so only require a clear lead
-    _check_two_ranks(json.loads(out.stdout), min_excess=0.05)
+    # rank is measured against by a varying amount (10-30% excess seen), so only require a clear lead;
+    # under other jobs' load the sleeps of its 1 ms loader stretch to the 4 ms scheduler tick and
+    # their data wait can hide it (seen with the code before issue 22 as well)
+    _check_two_ranks(report, min_excess=0.05)
 
 
 def test_real_two_rank_gloo_run(tmp_path):
@@ -306,9 +312,11 @@ def test_real_two_rank_gloo_run(tmp_path):
     pytest.importorskip("torch", reason="torch is an optional extra (pip install 'hermes-kb[torch]')")
     for attempt in range(2):  # a real 2-process run on a shared 2-core machine: one retry when load hid the slow rank
         run = tmp_path / f"run{attempt}"
+        # 300 steps: the monitor captures only after the warm-up it detects (70-90 steps here), and a
+        # recurring slow step once it has seen three (issue 22)
         subprocess.run([sys.executable, str(ROOT / "benchmarks/monitor_two_ranks_gloo.py"), str(run),
-                        "--steps", "160"], check=True, timeout=500, capture_output=True)  # fmt: skip
-        assert list(run.glob("rank*.capture*.json.gz"))  # fluctuations triggered captures
+                        "--steps", "300"], check=True, timeout=500, capture_output=True)  # fmt: skip
+        assert list(run.glob("rank*.capture*.json.gz"))  # the triggers took captures
         out = subprocess.run([sys.executable, "-m", "hermes_kb.cli", "advise", str(run), "--format", "json"],
                              capture_output=True, text=True)  # fmt: skip
         assert out.returncode == 0, out.stderr

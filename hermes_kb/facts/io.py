@@ -85,7 +85,12 @@ class DataLoaderWait(Fact):
         "pinned narrower) / the job's ranks on the host; null without a monitor log", default=None,
     )
     busy_cores: float | None = measure(
-        "cores", "cores the rank's process and its DataLoader workers used on average (monitor)", default=None
+        "cores", "busy cores per rank that more loader work could not use: the larger of own_cores and the machine's "
+        "busy CPUs per rank, other processes included (monitor)", default=None
+    )
+    own_cores: float | None = measure(
+        "cores", "cores the rank's own process and its DataLoader workers used on average (monitor): the job's use, "
+        "other processes left out", default=None
     )
     core_bound_us: float | None = us(
         "most a loader fix that adds parallelism can remove: step_us - max(step_us - data_time_us, step_us x "

@@ -16,11 +16,17 @@ def cores(description: str, **kw):
 
 
 class MonitorSteps(Fact):
-    """One rank's step times over the whole monitored run (warm-up steps left out)."""
+    """One rank's step times over the whole monitored run (warm-up steps, and the steps the
+    monitor slowed itself by profiling or counting FLOPs, left out)."""
 
     kind: Literal["monitor_steps"] = "monitor_steps"
     steps_count: int = measure("count", "steps analysed (after the warm-up steps)")
     warmup_steps_count: int = measure("count", "first steps left out (compilation, caches, allocator warm-up)")
+    warmup_detected: bool = Field(default=False, description="the warm-up is the one the monitor detected from the "
+                                  "step times (else a fixed 2 steps)")  # fmt: skip
+    excluded_steps_count: int = measure("count", "steps after warm-up left out because the monitor slowed them "
+                                        "(captured steps and the step writing the trace, the FLOP-counted step)",
+                                        default=0)  # fmt: skip
     median_us: float = us("median step time")
     mean_us: float = us("mean step time")
     p95_us: float = us("95th percentile step time")
@@ -31,12 +37,22 @@ class MonitorSteps(Fact):
     gc_us: float = us("mean Python GC pause per step")
     gc_ratio: float = ratio("GC pause / step time, over the analysed steps")
     gc_gen2_count: int = measure("count", "full (generation 2) collections in the analysed steps")
-    compute_us: float = us("median per step of step time - data wait - GC pause (model work, waits for peers, rest)")
+    compute_us: float = us("median per step of step time - data wait - GC pause (the model's work, and the waits for "
+                           "peers (comm_us) and for a CPU (monitor_cpu.runqueue_wait_us) that it holds)")
+    comm_us: float | None = us("median time per step in torch.distributed collectives, when the monitor timed them "
+                               "(docs/monitor.md: NCCL completion hooks, or the collective calls)", default=None)
+    comm_ratio: float | None = ratio("collective time / step time over the analysed steps (collectives that overlap "
+                                     "compute count in full: not the exposed share)", default=None)
     cpu_us: float | None = us("median process CPU time per step (all threads), when recorded", default=None)
     device_us: float | None = us("median device step time (CUDA events between step boundaries)", default=None)
     samples_per_s: float | None = measure("samples/s", "median throughput, when samples per step were given",
                                           default=None)  # fmt: skip
-    mfu_ratio: float | None = ratio("median model FLOPs utilisation, when FLOPs were given", default=None)
+    mfu_ratio: float | None = ratio("median model FLOPs utilisation (FLOPs per step / step time / peak FLOP/s), when "
+                                    "the FLOPs were given or obtained by the monitor", default=None)
+    step_flops: float | None = measure("flops", "model FLOPs per step behind mfu_ratio", default=None)
+    peak_flops_per_s: float | None = measure("flops_per_s", "the device's peak behind mfu_ratio", default=None)
+    mfu_source: str | None = Field(default=None, description="how the FLOPs and the peak were obtained (given, "
+                                   "FlopCounterMode on one step, a capture's trace; hermes' device or CPU table)")
     events: list[str] = Field(default_factory=list, description="names of the marked events (checkpoint, eval, ...)")
     online_fluctuations_count: int = measure("count", "steps the monitor flagged while running")
 
@@ -102,6 +118,15 @@ class MonitorSlowRank(Fact):
     excess_ratio: float = ratio("excess_us / step_us")
     cause: Literal["data_wait", "compute"] = Field(description="the larger part of the excess")
     data_share_ratio: float = ratio("data_wait_excess_us / excess_us")
+    measure: Literal["step", "cpu", "communication"] = Field(
+        default="step", description="how the compute excess was measured: 'step' (ranks not in lock-step: step - data "
+        "wait - GC), 'cpu' (lock-step: process CPU time), 'communication' (every rank's collectives timed: step - data "
+        "wait - GC - time in collectives, which the others spend waiting for the slow rank)")
+    per_rank_comm_us: dict[int, float] = us("median time in collectives per step per rank (10 largest), when timed",
+                                            default_factory=dict)  # fmt: skip
+    cpu_wait_excess_us: float | None = us(
+        "the slow rank's run-queue wait per step (waiting for a CPU, not computing) above the others' median, from the "
+        "monitor's samples; part of compute_excess_us", default=None)
 
     def scope(self) -> str:
         return f"{super().scope()}, domain {self.group}"

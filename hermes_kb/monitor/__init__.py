@@ -8,12 +8,16 @@
             mon.step()                      # one call per step
 
 Writes ``RUN_DIR/rank<R>.jsonl``: one environment record, then one record per step (wall
-time, data wait, process CPU time, throughput, MFU when FLOPs are given, GC collections and
-pause time, marked events such as ``with mon.event("checkpoint")``, device step times from
-CUDA events read lazily, a fluctuation flag) and, every ``sample_every`` steps, process and
-system CPU use, run-queue wait, memory, affinity and the busiest other processes. Memory stays
-bounded however long the run: only a fixed window of step times is kept. ``hermes advise
-RUN_DIR`` reads the logs back.
+time, data wait, process CPU time, throughput, MFU, GC collections and pause time, marked events
+such as ``with mon.event("checkpoint")``, device step times from CUDA events read lazily, time in
+torch.distributed collectives, a fluctuation flag) and, about once a second, process and system
+CPU use, run-queue wait, memory, affinity and the busiest other processes. After the warm-up it
+detects, it captures by itself a recurring slow step at its next occurrence, the slowest rank of
+a communication domain and a sustained throughput drop (``triggers.py``, ``peers.py``), finds
+the process groups and times their collectives (``domains.py``), and counts one step's FLOPs for
+MFU (``flops.py``); what it decided and why goes to ``RUN_DIR/rank<R>.monitor.jsonl``. Memory
+stays bounded however long the run: only fixed windows of step times are kept. ``hermes advise
+RUN_DIR`` reads it all back.
 """
 
 from .detect import RollingDetector

@@ -5,8 +5,9 @@ A user runs ``hermes monitor profile RUN_DIR --steps 3``, which writes ``RUN_DIR
 A background thread in every rank's Monitor polls that file (once a second, a stat call); the
 training thread only reads a flag at each step boundary. The next step boundary starts the
 profiler, and N steps later the trace is written next to the rank's log as
-``rank<R>.capture<ID>.json.gz``. The monitor can also request a capture itself when it flags
-a fluctuation, within a budget (at most K per hour).
+``rank<R>.capture<ID>.json.gz``. The monitor also requests captures itself (``triggers.py``,
+``peers.py``): a request may name the step it starts after, so that a capture planned for the next
+occurrence of a recurring slow step waits for it.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def _torch_profiler() -> Any:
     acts = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         acts.append(ProfilerActivity.CUDA)
-    kw: dict[str, Any] = {"activities": acts, "record_shapes": True, "with_stack": True}
+    # with_flops: the FLOPs of matmuls and convolutions, the monitor's MFU when it could not count them
+    kw: dict[str, Any] = {"activities": acts, "record_shapes": True, "with_stack": True, "with_flops": True}
     try:
         kw["experimental_config"] = torch._C._profiler._ExperimentalConfig(
             record_python_gc_info=True, enable_cuda_sync_events=True
@@ -58,14 +60,21 @@ class Capturer:
     """Owned by a Monitor: watches for requests, runs the profiler over whole steps."""
 
     def __init__(self, run_dir: Path, rank: int, *, poll_s: float = 1.0, budget_per_hour: int = 2,
-                 profiler_factory: Callable[[], Any] | None = None):  # fmt: skip
+                 profiler_factory: Callable[[], Any] | None = None, watch: bool = True,
+                 on_finish: Callable[[Any, dict], None] | None = None):  # fmt: skip
         self.run_dir = run_dir
         self.rank = rank
         self.poll_s = poll_s
         self.budget_per_hour = budget_per_hour
         self.factory = profiler_factory or _torch_profiler
+        self.custom_factory = profiler_factory is not None
         self.pending: dict | None = None  # set by the watcher thread, read at step boundaries
         self.active: tuple[Any, dict, int] | None = None  # (profiler, request, steps left)
+        self.first_step: int | None = None  # the first step of the active capture
+        self._step_fn: Any = None  # the open ProfilerStep#N record_function
+        self._rf: Any = None  # its class
+        self.watch = watch  # False: the owner calls _check() from its own thread
+        self.on_finish = on_finish
         self.done: list[dict] = []
         self._seen: set[str] = set()
         self._auto_times: deque[float] = deque()
@@ -78,8 +87,9 @@ class Capturer:
         if self.pending is not None:
             self._seen.add(self.pending["id"])
             self.pending = None
-        self._thread = threading.Thread(target=self._watch, name="hermes-capture-watch", daemon=True)
-        self._thread.start()
+        if self.watch:
+            self._thread = threading.Thread(target=self._watch, name="hermes-capture-watch", daemon=True)
+            self._thread.start()
 
     def stop(self) -> dict | None:
         """Stop watching; a capture still running is finished (and returned)."""
@@ -103,8 +113,8 @@ class Capturer:
             req = json.loads(path.read_text())
         except (OSError, ValueError):
             return
-        if req.get("id") not in self._seen:
-            self.pending = req
+        if req.get("id") not in self._seen and (self.pending is None or self.pending.get("auto")):
+            self.pending = req  # a person's request goes before a planned automatic one
 
     def auto_request(self, reason: str) -> bool:
         """Ask for a capture from inside the job (a fluctuation), within the hourly budget."""
@@ -114,21 +124,49 @@ class Capturer:
         if len(self._auto_times) >= self.budget_per_hour or self.pending or self.active:
             return False
         self._auto_times.append(now)
-        self.pending = {"id": f"auto{int(now * 1000)}", "steps": 2, "reason": reason, "time": now}
+        self.pending = {"id": f"auto{int(now * 1000)}", "steps": 2, "reason": reason, "time": now, "auto": True}
         return True
 
-    def at_step_boundary(self) -> dict | None:
-        """Called by Monitor.step(): start, advance or finish a capture. Returns a finished capture."""
+    def advance(self, step: int) -> None:
+        """A captured step ended and the capture goes on (more than one step left): the next
+        ProfilerStep annotation. One frame: what the monitor adds to a captured step stays small."""
+        prof, req, left = self.active
+        self.active = (prof, req, left - 1)
+        try:
+            fn, self._step_fn = self._step_fn, None
+            if fn is not None:
+                fn.__exit__(None, None, None)
+            if self.custom_factory:
+                if hasattr(prof, "step"):
+                    prof.step()
+            elif self._rf is not None:
+                self._step_fn = self._rf(f"ProfilerStep#{step + 1}")
+                self._step_fn.__enter__()
+        except Exception:  # never the training's problem
+            self._step_fn = None
+
+    def at_step_boundary(self, step: int | None = None) -> dict | None:
+        """Called by Monitor.step() at the end of ``step``: start, advance or finish a capture.
+        Returns a finished capture. A request with ``start_after`` waits for that step."""
         if self.active is not None:
             prof, req, left = self.active
-            prof.step() if hasattr(prof, "step") else None
+            self._mark_step(None)
+            if self.custom_factory and hasattr(prof, "step"):  # torch.profiler without a schedule: step() only counts
+                prof.step()
             left -= 1
             if left <= 0:
                 return self._finish()
             self.active = (prof, req, left)
+            self._mark_step(step + 1 if step is not None else None)
             return None
-        req, self.pending = self.pending, None
-        if req is None or req["id"] in self._seen:
+        req = self.pending
+        if req is None:
+            return None
+        after = req.get("start_after")
+        if step is not None and isinstance(after, int) and step < after:
+            return None
+        self.pending = None
+        if req["id"] in self._seen:
             return None
         self._seen.add(req["id"])
         try:
@@ -139,15 +177,56 @@ class Capturer:
             self.done.append(info)
             return info
         self.active = (prof, req, max(1, int(req.get("steps", 3))))
+        self.first_step = step + 1 if step is not None else None
+        self._mark_step(self.first_step)
         return None
+
+    def _mark_step(self, step: int | None) -> None:
+        """Close the open ``ProfilerStep#N`` annotation and, with ``step``, open the next: what
+        torch.profiler records only under a schedule, named by the monitor's own step number so
+        that the trace's steps are the log's."""
+        fn, self._step_fn = self._step_fn, None
+        if fn is not None:
+            try:
+                fn.__exit__(None, None, None)
+            except Exception:
+                pass
+        if step is None or self.custom_factory:
+            return
+        try:
+            if self._rf is None:
+                import torch
+
+                # the C++ context manager (torch >= 2.2): no Python frames in the trace it annotates
+                self._rf = getattr(torch._C._profiler, "_RecordFunctionFast", None)
+                if self._rf is None:
+                    from torch.autograd.profiler import record_function
+
+                    self._rf = record_function
+            self._step_fn = self._rf(f"ProfilerStep#{step}")
+            self._step_fn.__enter__()
+        except Exception:
+            self._step_fn = None
 
     def _finish(self) -> dict:
         prof, req, _ = self.active
         self.active = None
         out = self.run_dir / f"rank{self.rank}.capture{req['id']}.json.gz"
         info: dict[str, Any] = {"id": req["id"], "reason": req.get("reason"), "steps": req.get("steps")}
+        if self.first_step is not None:
+            info["first_step"] = self.first_step
+        for k in ("kind", "trigger"):
+            if k in req:
+                info[k] = req[k]
+        self.first_step = None
+        self._mark_step(None)
         try:
             prof.__exit__(None, None, None)
+            if self.on_finish is not None:
+                try:
+                    self.on_finish(prof, info)
+                except Exception:
+                    pass
             with tempfile.TemporaryDirectory() as tmp:
                 raw = Path(tmp) / "trace.json"
                 prof.export_chrome_trace(str(raw))
