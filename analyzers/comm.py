@@ -356,6 +356,7 @@ def per_rank(ctx: RankContext) -> list:
         link_name, link = group_link(ctx, ranks, n) if kernel else (UNKNOWN_LINK, None)
         peak = link.peak_gbps if link is not None else None
         to_peak = min(busbw / peak, 1.0) if busbw is not None and peak else None
+        best_to_peak = min(best / peak, 1.0) if best is not None and peak else None
         if algbw is not None:
             note = (
                 "exposed = duration minus overlap with the union of non-communication kernels; "
@@ -399,6 +400,7 @@ def per_rank(ctx: RankContext) -> list:
                 link=link_name,
                 link_peak_gbps=peak,
                 busbw_to_peak_ratio=to_peak,
+                best_busbw_to_peak_ratio=best_to_peak,
                 messages_below_1mib_count=int(row.tiny),
                 messages_1_to_32mib_count=int(row.mid),
                 messages_from_32mib_count=int(row.big),

@@ -32,7 +32,7 @@ from hermes_kb.facts.base import Evidence, Fact
 from hermes_kb.facts.npu import (
     HcclLinkStep, NpuAffinityApi, NpuAicoreFrequency, NpuAicpuOps, NpuAllocation, NpuBlockDim, NpuDynamicShape,
     NpuEnvironment, NpuFormatConversion, NpuHcclLinks, NpuLaunchBlocking, NpuPipeUtilisation, NpuRdmaRetransmission,
-    NpuSdmaContention, NpuSmallPackets,
+    NpuByteAlignment, NpuSdmaContention, NpuSmallPackets,
 )  # fmt: skip
 
 from . import intervals as iv
@@ -82,8 +82,8 @@ def per_rank(ctx: RankContext) -> list[Fact]:
         f = fn(ctx, k)
         if f is not None:
             facts.append(f)
-    for fn in (_frequency, _launch_blocking, _allocation, _small_packets, _sdma_contention, _rdma, _hccl_links,
-               _environment):
+    for fn in (_frequency, _launch_blocking, _allocation, _small_packets, _sdma_contention, _byte_alignment, _rdma,
+               _hccl_links, _environment):
         f = fn(ctx)
         if f is not None:
             facts.append(f)
@@ -371,6 +371,85 @@ def _sdma_contention(ctx: RankContext) -> Fact | None:
         alone_count=int((~ov).sum()), alone_gbps=float(bw_al), bandwidth_loss_ratio=float(min(loss, 1.0)),
         overlapped_us=float(dur[ov].sum()), lost_us=float(dur[ov].sum() * min(loss, 1.0)),
     )  # fmt: skip
+
+
+ALIGN_BYTES = 512  # the paper's HCCS rule; msprof-analyze's ByteAlignmentChecker (_BASE_SIZE, _MIN_SIZE)
+TRANSFER_TASKS = ("Memcpy", "Reduce_Inline")
+
+
+def _byte_alignment(ctx: RankContext) -> Fact | None:
+    """Per transfer task, as msprof-analyze's byte-alignment check: SDMA Memcpy / Reduce_Inline tasks
+    off the chip and over 512 bytes, unaligned when size % 512 != 0. What it costs is measured, not
+    assumed: each unaligned task against the bandwidth of the aligned tasks of its type in the same
+    HCCL operation (they run side by side on the other links), else of its type and link on the rank."""
+    t = ctx.trace.extras.get("hccl_tasks")
+    need = {"ts", "end", "dur", "size_bytes", "transport", "link_type"}
+    if t is None or not len(t) or not need <= set(t.columns):
+        return None
+    if "task_type" not in t.columns:  # the task's name is its type in trace_view.json and the db
+        t = t.assign(task_type=t["name"] if "name" in t.columns else "")
+    size = t["size_bytes"].fillna(0).to_numpy(float)
+    keep = ((t["transport"].astype(str).to_numpy() == "SDMA") & (t["link_type"].astype(str).to_numpy() != "ON_CHIP")
+            & np.isin(t["task_type"].astype(str).to_numpy(), TRANSFER_TASKS) & (size > ALIGN_BYTES)
+            & (t["dur"].to_numpy(float) > 0) & _window_mask(ctx, t["ts"].to_numpy(float)))  # fmt: skip
+    t = t[keep]
+    if not len(t):
+        return None
+    ts, end = t["ts"].to_numpy(float), t["end"].to_numpy(float)
+    size, dur = t["size_bytes"].to_numpy(float), t["dur"].to_numpy(float)
+    un = np.mod(size, ALIGN_BYTES) != 0
+    # the HCCL operation each task belongs to: the rank's collective whose span holds its start
+    c = ctx.trace.collectives
+    c = c[c["source"].astype(str).to_numpy() == "kernel"] if len(c) else c
+    op = np.full(len(t), -1, dtype=np.int64)
+    if len(c):
+        order = np.argsort(c["ts"].to_numpy(float), kind="stable")
+        cs, ce = c["ts"].to_numpy(float)[order], c["end"].to_numpy(float)[order]
+        i = np.searchsorted(cs, ts, side="right") - 1
+        ok = (i >= 0) & (ts < ce[np.clip(i, 0, None)])
+        op = np.where(ok, order[np.clip(i, 0, None)], -1)
+    df = pd.DataFrame({"op": op, "type": t["task_type"].astype(str).to_numpy(), "link": t["link_type"].astype(str).to_numpy(),
+                       "size": size, "dur": dur, "un": un})  # fmt: skip
+    al = df[~df["un"]]
+    by_op = al[al["op"] >= 0].groupby(["op", "type"])[["size", "dur"]].sum()
+    by_link = al.groupby(["type", "link"])[["size", "dur"]].sum()
+    excess, known = 0.0, False
+    for r in df[df["un"]].itertuples(index=False):
+        ref = by_op.loc[(r.op, r.type)] if (r.op, r.type) in by_op.index else (
+            by_link.loc[(r.type, r.link)] if (r.type, r.link) in by_link.index else None)  # fmt: skip
+        if ref is None or not ref["dur"] > 0:
+            continue
+        known = True
+        excess += max(0.0, r.dur - r.size / (ref["size"] / ref["dur"]))
+    cu = _compute_union(ctx)
+    uu = iv.union(ts[un], end[un]) if un.any() else iv.EMPTY
+    exposed = iv.length(iv.subtract(uu, cu)) if un.any() else 0.0
+    ops_all = df.loc[df["op"] >= 0, "op"]
+    names = c["name"].astype(str).to_numpy() if len(c) else np.zeros(0, dtype=object)
+    bad_ops = sorted(set(df.loc[df["un"] & (df["op"] >= 0), "op"].tolist()))
+    window = _window_us(ctx) if ctx.windows else float(end.max() - ts.min())
+    return NpuByteAlignment(
+        rank=ctx.rank, tasks_count=int(len(df)), task_time_us=float(dur.sum()), task_size_bytes=float(size.sum()),
+        ops_count=int(ops_all.nunique()), unaligned_count=int(un.sum()), unaligned_ops_count=len(bad_ops),
+        unaligned_size_bytes=float(size[un].sum()), unaligned_time_us=float(dur[un].sum()),
+        unaligned_time_ratio=_r(dur[un].sum(), dur.sum()), excess_us=float(excess) if known else None,
+        unaligned_exposed_us=float(exposed), window_us=float(window),
+        evidence=Evidence(
+            time_ranges_us=[(float(ts[un].min()), float(end[un].max()))] if un.any() else [],
+            events=[str(names[i]) for i in bad_ops[:5]],
+            counts={"tasks": int(len(df)), "unaligned": int(un.sum())},
+            note="HCCL SDMA Memcpy / Reduce_Inline tasks off the chip over 512 B (msprof-analyze's byte-alignment "
+                 "check); excess = unaligned task time beyond size / bandwidth of the aligned tasks of the same type "
+                 "in the same operation (else same type and link on the rank)",
+        ),
+    )  # fmt: skip
+
+
+def _compute_union(ctx: RankContext) -> iv.Intervals:
+    k = _compute_tasks(ctx)
+    if not len(k):
+        return iv.EMPTY
+    return iv.union(k["ts"].to_numpy(float), k["end"].to_numpy(float))
 
 
 def _rdma(ctx: RankContext) -> Fact | None:

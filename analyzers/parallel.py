@@ -78,18 +78,30 @@ def rank_components(ctx: RankContext) -> pd.DataFrame:
     return out
 
 
+def has_device_compute(ctx: RankContext) -> bool:
+    """Whether the rank's trace holds any device compute activity at all (a non-communication
+    kernel anywhere in it). A rank without is one whose device data was not recorded or not
+    kept (e.g. an Ascend export trimmed to its communication files): its compute is unknown,
+    not zero."""
+    return len(compute_union(ctx)[0]) > 0
+
+
 def cross_rank(contexts: dict[int, RankContext], facts: list) -> list:
     comps = {r: rank_components(ctx) for r, ctx in contexts.items() if ctx.windows}
+    with_compute = {r for r in comps if has_device_compute(contexts[r])}
     out: list = []
     if len(comps) >= 2:
         ranks = sorted(comps)
         for comp, col in COMPONENTS:
-            f = _imbalance(comps, ranks, comp, col, None)
+            # compute is compared only between ranks that recorded device compute
+            use = [r for r in ranks if r in with_compute] if comp == "compute" else ranks
+            f = _imbalance(comps, use, comp, col, None) if len(use) >= 2 else None
             if f is not None:
                 out.append(f)
         for name, members in _subgroups(contexts, set(ranks)):
             for comp, col in COMPONENTS[1::2]:  # compute and non_communication: who the group waits for
-                f = _imbalance(comps, members, comp, col, name)
+                use = [r for r in members if r in with_compute] if comp == "compute" else members
+                f = _imbalance(comps, use, comp, col, name) if len(use) >= 2 else None
                 if f is not None:
                     out.append(f)
     for r, ctx in contexts.items():
@@ -182,6 +194,8 @@ def _bubble(ctx: RankContext, comp: pd.DataFrame | None) -> PipelineBubble | Non
     df = rank_collectives(ctx)
     if not len(df) or comp is None or not len(comp):
         return None
+    if not has_device_compute(ctx):
+        return None  # no device compute recorded: the bubble is unknown, not 100%
     kind = df["kind"].to_numpy()
     p2p = np.isin(kind, P2P_KINDS) | ((kind == "send_recv") & (df["n"].to_numpy() == 2))
     if not p2p.any():

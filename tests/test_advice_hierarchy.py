@@ -49,7 +49,12 @@ def test_kineto_2021_dataloader_first_with_the_measured_speedup_in_range():
 def test_ascend_level0_opens_with_exposed_communication():
     r = hermes_kb.advise(SHARED / "ascend/msinsight_pt_text_level0_2rank")
     assert [s.critical_component for s in r.summary] == ["communication", "communication"]
-    assert r.findings[0].category == "communication"
+    # level 0 records no HCCL transfer tasks: no case can say why the all-reduces take so long
+    # (byte alignment is judged per transfer task since issue 20, not from whole message sizes),
+    # so the communication bottleneck is reported as unexplained, with its candidate cases
+    assert not [f for f in r.findings if f.cause == "byte_misalignment"]
+    left = [u for u in r.unexplained if u.component == "communication"]
+    assert left and left[0].candidates
     md = render_markdown(r)
     assert "**communication**" in md.split("## Findings")[0]
 

@@ -117,3 +117,46 @@ def test_multi_rank_jobs(shared, sub):
         assert f.imbalance_ratio == pytest.approx(1 - f.mean_us / f.max_us)
     # dlrm's SendRecv kernels carry no process group (all_to_all among 8 ranks): no pipeline
     assert not [f for f in parallel.cross_rank(ctxs, []) if f.kind == "pipeline_bubble"]
+
+
+def test_rank_without_device_compute_gets_no_bubble(tmp_path):
+    # a pipeline rank whose trace holds the send but no compute kernel at all (device data not
+    # recorded): its compute is unknown, so no bubble figure, and it is left out of the compute
+    # comparison (it is not a rank with zero compute)
+    for r in (0, 1):
+        ev = [X("user_annotation", "ProfilerStep#1", 0, 1000)]
+        if r == 0:
+            ev += compute_kernel(100, 300, corr=1)
+        ev += collective(400, 200, ext=10, corr=2, nelems=1024, name="send", ranks="[0, 1]", size=2, pg="2",
+                         kernel="ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)")  # fmt: skip
+        write_trace(tmp_path / f"rank{r}.json", ev, distributedInfo={"rank": r, "world_size": 2})
+    bundle = hermes_kb.load(tmp_path)
+    ctxs = {r: step_context(bundle[r])[0] for r in bundle.rank_ids}
+    facts = parallel.cross_rank(ctxs, [])
+    bubbles = {f.rank: f for f in facts if f.kind == "pipeline_bubble"}
+    assert set(bubbles) == {0} and bubbles[0].bubble_ratio == pytest.approx(0.7)
+    comps = by_component(facts)
+    assert "compute" not in comps  # one rank with compute data: nothing to compare
+    assert comps["step_time"].ranks_count == 2 and comps["communication"].ranks_count == 2
+
+
+def test_ascend_pp2_ranks_without_kernel_data(shared):
+    # ranks 1 and 3 of the Qwen3 PP=2 run keep only their communication files (README): no
+    # bubble for them; ranks 0 and 2 get 1 - computing / step from their kernel_details.csv
+    import csv
+
+    root = shared / "ascend/msinsight_st_level2_4rank_qwen3_0.6b_pp2"
+    bundle = hermes_kb.load(root)
+    ctxs = {r: step_context(bundle[r])[0] for r in bundle.rank_ids}
+    facts = parallel.cross_rank(ctxs, [])
+    bubbles = {f.rank: f for f in facts if f.kind == "pipeline_bubble"}
+    assert set(bubbles) == {0, 2}
+    for r, b in bubbles.items():
+        # step_trace_time.csv: Computing (us) and Stage (us) of the rank, read directly
+        path = root / f"rank_{r}_ascend_pt/ASCEND_PROFILER_OUTPUT/step_trace_time.csv"
+        with path.open() as fh:
+            row = next(csv.DictReader(fh))
+        computing = float(row["Computing"])
+        assert b.compute_us == pytest.approx(computing, rel=0.02)
+    comps = by_component(facts)
+    assert set(comps["compute"].per_rank_us) == {0, 2}

@@ -57,6 +57,10 @@ class CommStats(Fact):
         "gbps", "per-direction peak of that link per GPU, when known", default=None
     )
     busbw_to_peak_ratio: float | None = ratio("busbw_gbps / link_peak_gbps (capped at 1)", default=None)
+    best_busbw_to_peak_ratio: float | None = ratio(
+        "best_busbw_gbps / link_peak_gbps (capped at 1): the collective that waited least for other ranks",
+        default=None,
+    )
     messages_below_1mib_count: int = measure("count", "sized messages < 1 MiB", default=0)
     messages_1_to_32mib_count: int = measure("count", "sized messages in [1 MiB, 32 MiB)", default=0)
     messages_from_32mib_count: int = measure("count", "sized messages >= 32 MiB", default=0)

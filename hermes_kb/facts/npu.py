@@ -163,6 +163,35 @@ class NpuSdmaContention(Fact):
     lost_us: float = us("overlapped_us x bandwidth_loss_ratio: time the contention added")
 
 
+class NpuByteAlignment(Fact):
+    """HCCL SDMA transfer tasks whose size is not a multiple of 512 bytes (the Hermes paper's HCCS
+    rule; msprof-analyze's byte-alignment check), judged task by task, and what they measurably
+    cost against the aligned tasks of the same kind."""
+
+    kind: Literal["npu_byte_alignment"] = "npu_byte_alignment"
+    tasks_count: int = measure(
+        "count", "SDMA transfer tasks (Memcpy / Reduce_Inline) off the chip, over 512 bytes, in the analysed steps"
+    )
+    task_time_us: float = us("their summed duration")
+    task_size_bytes: float = measure("bytes", "their summed size")
+    ops_count: int = measure("count", "HCCL operations those tasks belong to")
+    unaligned_count: int = measure("count", "tasks whose size is not a multiple of 512 bytes")
+    unaligned_ops_count: int = measure("count", "HCCL operations with at least one such task")
+    unaligned_size_bytes: float = measure("bytes", "their summed size")
+    unaligned_time_us: float = us("their summed duration (msprof-analyze's 'abnormal duration')")
+    unaligned_time_ratio: float = ratio("unaligned_time_us / task_time_us")
+    excess_us: float | None = us(
+        "sum over unaligned tasks of max(0, duration - size / reference bandwidth), the reference being the aligned "
+        "tasks of the same type in the same HCCL operation (else of the same type and link on the rank); null when "
+        "no aligned task gives a reference",
+        default=None,
+    )
+    unaligned_exposed_us: float = us(
+        "the unaligned tasks' time (union of their intervals) not overlapped by any compute task"
+    )
+    window_us: float = us("analysed step time (the tasks' own span when no step is known)")
+
+
 class NpuRdmaRetransmission(Fact):
     """RDMA transfer tasks far slower than the rest of the same size class (retransmission)."""
 
