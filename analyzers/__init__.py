@@ -18,7 +18,7 @@ from hermes_kb.trace.bundle import RankTrace
 from .context import RankContext, StepWindow
 from .steps import step_context
 
-PER_RANK = ["overlap", "critical_path", "io", "cpu", "dispatch", "compute", "cpu_batch", "comm", "buckets", "fluctuation", "npu",
+PER_RANK = ["overlap", "critical_path", "io", "cpu", "dispatch", "pyframes", "compute", "kernels", "cpu_batch", "comm", "buckets", "fluctuation", "npu",
             "breakdown", "whatif"]
 CROSS_RANK = ["comm", "parallel", "fluctuation"]
 

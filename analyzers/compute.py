@@ -943,11 +943,13 @@ def _op_costs(ops: pd.DataFrame, rows: np.ndarray) -> tuple[pd.DataFrame, np.nda
         texts = [_text(cats[j], int(u[j])) for j in range(len(cols))]
         c = op_cost(*texts)
         if c is None:
-            recs.append((texts[0], "", "", "", 0.0, 0.0, True, False, 0))
+            recs.append((texts[0], "", "", "", 0.0, 0.0, True, False, 0, 0, 0, 0))
         else:
             sig = shape_signature(texts[1], texts[2])
-            recs.append((texts[0], sig, c.dtype, c.category, c.flops, c.bytes, c.exact, True, c.thin))
-    u = pd.DataFrame(recs, columns=["op", "shape", "dtype", "category", "flops", "bytes", "exact", "ok", "thin"])
+            m_, k_, n_ = c.mkn or (0, 0, 0)
+            recs.append((texts[0], sig, c.dtype, c.category, c.flops, c.bytes, c.exact, True, c.thin, m_, k_, n_))
+    u = pd.DataFrame(recs, columns=["op", "shape", "dtype", "category", "flops", "bytes", "exact", "ok", "thin",
+                                    "m", "k", "n"])  # fmt: skip
     gid, groups = pd.factorize(pd.MultiIndex.from_frame(u[["op", "shape", "dtype", "category"]]))
     g = groups.to_frame(index=False)
     g.columns = ["op", "shape", "dtype", "category"]
@@ -957,7 +959,7 @@ def _op_costs(ops: pd.DataFrame, rows: np.ndarray) -> tuple[pd.DataFrame, np.nda
 
 
 def _op_analysis(ctx: RankContext, k: _Acts, total_dev: float, dev: DeviceSpec | None, fp32_tf32: bool,
-                 n_devices: int) -> list[Fact]:  # fmt: skip
+                 n_devices: int, launcher: np.ndarray | None = None) -> list[Fact]:  # fmt: skip
     tr = ctx.trace
     ops = tr.cpu_ops
     if not len(ops):
@@ -988,10 +990,18 @@ def _op_analysis(ctx: RankContext, k: _Acts, total_dev: float, dev: DeviceSpec |
     exact_row = ucost["exact"].to_numpy()[uinv]
     gpu = len(k) > 0
     if gpu:
-        launcher = _launching_op(tr, ops, k.row)
+        if launcher is None:
+            launcher = _launching_op(tr, ops, k.row)
         owner = np.where(launcher >= 0, top[np.clip(launcher, 0, None)], -1)
         pos = pd.Index(counted).get_indexer(owner)
         att = pos >= 0
+        # for the per-kernel analysis (analyzers/kernels.py): each kernel's call and the calls' costs
+        ctx.shared["compute_ops"] = {
+            "kernel_call": pos, "calls": counted, "flops": flops_row, "bytes": bytes_row, "exact": exact_row,
+            "dtype": ucost["dtype"].to_numpy()[uinv],
+            "category": ucost["category"].to_numpy()[uinv], "op": ucost["op"].to_numpy()[uinv],
+            "mkn": ucost[["m", "k", "n"]].to_numpy(np.int64)[uinv], "shape": ucost["shape"].to_numpy()[uinv],
+        }  # fmt: skip
         time_row = np.bincount(pos[att], weights=k.dur[att], minlength=len(counted))
         kern_row = np.bincount(pos[att], minlength=len(counted))
         live = kern_row > 0  # operators on CPU tensors launch nothing: not device work
@@ -1157,6 +1167,12 @@ def per_rank(ctx: RankContext) -> list[Fact]:
         facts.extend(_fusion(ctx, k))
     devices = np.unique(k.device[k.device >= 0]) if len(k) else np.zeros(0, dtype=np.int64)
     dev = device_of_trace(ctx.trace, int(devices[0]) if len(devices) else None)
+    launcher = None
+    if len(k) and len(ctx.trace.cpu_ops):
+        launcher = _launching_op(ctx.trace, ctx.trace.cpu_ops, k.row)
     if len(k) or not len(ctx.trace.kernels):  # GPU trace with kernels in the windows, or CPU-only
-        facts.extend(_op_analysis(ctx, k, total_dev, dev, fp32_tf32, max(1, len(devices))))
+        facts.extend(_op_analysis(ctx, k, total_dev, dev, fp32_tf32, max(1, len(devices)), launcher))
+    # for the per-kernel analysis (analyzers/kernels.py, run next)
+    ctx.shared["compute_kernels"] = {"act": act, "k": k, "device": dev, "fp32_tf32": fp32_tf32,
+                                     "devices": max(1, len(devices)), "launcher": launcher}  # fmt: skip
     return facts

@@ -10,7 +10,13 @@ Facts (hermes_kb/facts/cpu.py; formulas in docs/analysis/cpu.md):
   device-to-host copies, cuda_sync events, and (aggregate) the ops behind them (top 10).
 * ``gc_pauses`` (rank-level, only when the trace records 'Python GC' events).
 * ``compilation`` (per step that compiles/autotunes + aggregate when any compile-related event
-  exists): compile and autotune time, compiled-region runs, guard checks, recompilation ids.
+  exists): compile and autotune time, compiled-region runs, guard checks, recompilation ids, and
+  the per-call cost of running compiled code (regions per step, graph-break resume frames, host
+  time in the compiled calls outside their generated code).
+* ``device_allocation`` (rank-level, Kineto): CUDA / HIP device and pinned-host allocation calls
+  in the steps; ``graph_capture``: stream captures and graph instantiations in the steps;
+  ``npu_task_queue`` (Ascend): who launches the operators (the task queue's second thread, or
+  the Python thread when the queue is off).
 """
 
 from __future__ import annotations
@@ -21,7 +27,17 @@ import numpy as np
 import pandas as pd
 
 from hermes_kb.facts.base import Evidence, Fact
-from hermes_kb.facts.cpu import Compilation, GcPauses, HostDeviceBusy, HostSync, LaunchOverhead, SyncSource
+from hermes_kb.facts.cpu import (
+    Compilation,
+    DeviceAllocation,
+    GcPauses,
+    GraphCapture,
+    HostDeviceBusy,
+    HostSync,
+    LaunchOverhead,
+    NpuTaskQueue,
+    SyncSource,
+)
 
 from . import intervals as iv
 from .context import RankContext
@@ -37,6 +53,7 @@ from .io import (
     name_mask,
     on_tids,
     pick_steps,
+    python_stacks,
     step_pos,
     top_ops_union,
     window_arrays,
@@ -78,6 +95,13 @@ AUTOTUNE_RE = re.compile(
     r"|select_algorithm\.py|benchmark_choice|do_bench"
 )
 REGION_ID_RE = re.compile(r"Torch-Compiled Region: (\d+)/(\d+)")
+# an explicit gc.collect() (the built-in frame the Python tracer records)
+GC_COLLECT_RE = re.compile(r"^<built-in (method|function) collect( of module object at 0x[0-9a-f]+)?>$")
+# the compiled call itself (forward region, AOTAutograd's autograd function and its backward) and
+# the generated code it runs: what lies inside the first and outside the second is per-call cost
+CALL_RE = re.compile(r"^Torch-Compiled Region|^CompiledFunction|^Compiled Function")
+FXGRAPH_RE = re.compile(r"CompiledFxGraph")
+RESUME_RE = re.compile(r"torch_dynamo_resume_in_")
 
 
 def _pctl(a: np.ndarray, q: float) -> float | None:
@@ -478,11 +502,22 @@ def _gc(ctx: RankContext) -> list[Fact]:
         int(iv.covered_by(ts, iv.union(dl["ts"].to_numpy(), dl["end"].to_numpy())).sum()) if len(dl) else 0
     )
     with_gc = sorted({int(s) for s in st})
+    # collections the program asked for: inside a gc.collect() built-in frame on the same thread
+    explicit = np.zeros(len(ts), dtype=bool)
+    cm = name_mask(py["name"], GC_COLLECT_RE)
+    if cm.any():
+        gtid = py["tid"].to_numpy()[gm][ok]
+        for t in np.unique(gtid):
+            on_t = cm & (py["tid"].to_numpy() == t)
+            if on_t.any():
+                u = iv.union(py["ts"].to_numpy()[on_t], py["end"].to_numpy()[on_t])
+                explicit[gtid == t] = iv.covered_by(ts[gtid == t], u)
     top = np.argsort(-dur)[:5]
     return [GcPauses(
         rank=tr.rank, gc_count=len(ts), gc_us=float(dur.sum()), longest_us=float(dur.max()), steps_with_gc=with_gc,
         steps_with_gc_ratio=div(len(with_gc), len(steps)), step_time_ratio=div(float(dur.sum()), float(win.sum())),
         max_step_ratio=float(max(div(per[i], win[i]) for i in range(len(steps)))), in_dataloader_count=in_dl,
+        explicit_count=int(explicit.sum()), explicit_ratio=div(float(dur[explicit].sum()), float(dur.sum())),
         evidence=Evidence(time_ranges_us=[(float(ts[i]), float(ts[i] + dur[i])) for i in top], events=[GC_NAME],
                           counts={GC_NAME: len(ts)}),
     )]  # fmt: skip
@@ -522,7 +557,7 @@ def _matches(
     return np.concatenate(s), np.concatenate(e), names
 
 
-def _compilation(ctx: RankContext) -> list[Fact]:
+def _compilation(ctx: RankContext, device: iv.Intervals | None = None) -> list[Fact]:
     tr = ctx.trace
     pre = {}
     for f in ("cpu_ops", "annotations", "python", "runtime"):
@@ -572,6 +607,7 @@ def _compilation(ctx: RankContext) -> list[Fact]:
     ids = sorted({f"{a}/{b}" for n in rt_names for a, b in REGION_ID_RE.findall(n)},
                  key=lambda x: tuple(int(p) for p in x.split("/")))  # fmt: skip
     max_id = max((int(x.split("/")[1]) for x in ids), default=None)
+    calls = _compiled_calls(ctx, pre, device, ws, we, steps)
 
     def make(idx, step):
         w = float((we - ws)[idx].sum())
@@ -583,7 +619,7 @@ def _compilation(ctx: RankContext) -> list[Fact]:
             autotune_us=float(au[idx].sum()), autotune_count=int(an[idx].sum()), compile_ratio=div(float(cau[idx].sum()), w),
             compiled_region_count=int(rn[idx].sum()), compiled_region_us=float(ru[idx].sum()),
             cache_lookup_count=int(ln[idx].sum()), cache_lookup_us=float(lu[idx].sum()),
-            compiled_frames=ids[:10], max_compile_id=max_id, recompiled=bool(max_id),
+            compiled_frames=ids[:10], max_compile_id=max_id, recompiled=bool(max_id), **calls(idx),
             evidence=Evidence(
                 time_ranges_us=rng, events=list(dict.fromkeys(c_names + a_names + r_names + l_names))[:10],
                 counts={"compile_events": len(c_s), "autotune_events": len(a_s), "region_events": len(r_s),
@@ -601,6 +637,97 @@ def _compilation(ctx: RankContext) -> list[Fact]:
     if cu.sum() + au.sum() + ru.sum() + ln.sum() > 0:
         facts.append(make(np.arange(len(steps)), None))
     return facts
+
+
+def _compiled_calls(ctx: RankContext, pre: dict, device: iv.Intervals | None, ws: np.ndarray, we: np.ndarray,
+                    steps: np.ndarray):
+    """Per-call cost of running compiled code (fields of ``compilation``), as a function of the
+    step indices a fact covers; registers the ``compile_wrappers`` what-if set."""
+    tr = ctx.trace
+    n = len(steps)
+    # forward regions: frame id per call, per step
+    reg_step, reg_frame = [], []
+    call_t, call_s, call_e, fx_s, fx_e = [], [], [], [], []
+    for f in ("cpu_ops", "annotations"):
+        fr = getattr(tr, f)
+        rows = pre.get(f)
+        if not len(fr) or rows is None:
+            continue
+        nm = fr["name"].iloc[rows]
+        ts, en, tid = fr["ts"].to_numpy()[rows], fr["end"].to_numpy()[rows], fr["tid"].to_numpy()[rows]
+        rid = name_mask(nm, REGION_ID_RE)
+        if rid.any():
+            reg_step.append(ctx.step_of(ts[rid]))
+            reg_frame.append(np.array([int(REGION_ID_RE.search(str(x)).group(1)) for x in nm.to_numpy()[rid]]))
+        c = name_mask(nm, CALL_RE) | name_mask(nm, LOOKUP_RE)
+        call_t.append(tid[c].astype(np.int64))
+        call_s.append(ts[c])
+        call_e.append(en[c])
+        x = name_mask(nm, FXGRAPH_RE)
+        fx_s.append(ts[x])
+        fx_e.append(en[x])
+    r_step = np.concatenate(reg_step) if reg_step else np.zeros(0, np.int64)
+    r_frame = np.concatenate(reg_frame) if reg_frame else np.zeros(0, np.int64)
+    ct = np.concatenate(call_t) if call_t else np.zeros(0, np.int64)
+    cs = np.concatenate(call_s) if call_s else np.zeros(0)
+    ce = np.concatenate(call_e) if call_e else np.zeros(0)
+    FX = iv.union(np.concatenate(fx_s), np.concatenate(fx_e)) if fx_s else iv.EMPTY
+    # wrapper time: inside a compiled call, outside the generated code, per thread
+    wrap_parts = []
+    for t in np.unique(ct):
+        m = ct == t
+        w = iv.subtract(iv.union(cs[m], ce[m]), FX)
+        if len(w[0]):
+            wrap_parts.append((np.full(len(w[0]), t, dtype=np.int64), w[0], w[1]))
+    if wrap_parts and len(FX[0]):
+        register(ctx, WhatIfSet.of_intervals(
+            "compile_wrappers", "compiled calls outside their generated code (Dynamo guards, runtime wrappers)",
+            np.concatenate([p[0] for p in wrap_parts]), np.concatenate([p[1] for p in wrap_parts]),
+            np.concatenate([p[2] for p in wrap_parts])))  # fmt: skip
+    W = iv.union(np.concatenate([p[1] for p in wrap_parts]), np.concatenate([p[2] for p in wrap_parts])) if wrap_parts else iv.EMPTY
+    wrap = iv.overlap_length(ws, we, W) if len(FX[0]) else None  # no generated-code marks: unknown
+    idle = None
+    if device is not None:
+        calls_u = iv.union(cs, ce)
+        idle = iv.overlap_length(ws, we, iv.subtract(calls_u, device))
+    resume = None
+    py = tr.python
+    if python_stacks(tr):
+        rm = name_mask(py["name"], RESUME_RE)
+        resume = np.zeros(n)
+        if rm.any():
+            pos, ok = step_pos(steps, ctx.step_of(py["ts"].to_numpy()[rm]))
+            np.add.at(resume, pos[ok], 1)
+    pos, okr = step_pos(steps, r_step)
+    regions = np.zeros(n)
+    np.add.at(regions, pos[okr], 1)
+    per_step_frames: dict[int, dict[int, int]] = {}
+    for p_, f_ in zip(pos[okr], r_frame[okr]):
+        d = per_step_frames.setdefault(int(p_), {})
+        d[int(f_)] = d.get(int(f_), 0) + 1
+
+    def fields(idx) -> dict:
+        idx = np.atleast_1d(idx)
+        w = float((we - ws)[idx].sum())
+        nreg = float(regions[idx].sum())
+        rps = nreg / max(len(idx), 1)
+        frames = [per_step_frames.get(int(i), {}) for i in idx]
+        out = dict(
+            forward_regions_count=int(nreg), regions_per_step=rps,
+            distinct_frames_max=max((len(d) for d in frames), default=0),
+            frame_calls_max=max((max(d.values()) for d in frames if d), default=0),
+            resume_frames_count=None if resume is None else int(resume[idx].sum()),
+        )
+        if wrap is not None:
+            wr = float(wrap[idx].sum())
+            ex = wr * (1.0 - 1.0 / rps) if rps > 1 else 0.0
+            out |= dict(wrapper_us=wr, wrapper_ratio=div(wr, w), wrapper_excess_us=ex, wrapper_excess_ratio=div(ex, w))
+        if idle is not None:
+            iu = float(idle[idx].sum())
+            out |= dict(region_device_idle_us=iu, region_device_idle_ratio=div(iu, w))
+        return out
+
+    return fields
 
 
 def _register_host_work(ctx: RankContext, host: iv.Intervals, tids: np.ndarray) -> None:
@@ -633,6 +760,125 @@ def _register_host_work(ctx: RankContext, host: iv.Intervals, tids: np.ndarray) 
                                                  "(no syncs, no DataLoader)", int(t), w[0], w[1]))  # fmt: skip
 
 
+# ---------------------------------------------------------------- allocation, graph capture, task queue
+
+# pinned host memory: allocation, registration and release (the rest of kind malloc / free is device memory)
+HOST_ALLOC_RE = re.compile(r"HostAlloc|MallocHost|FreeHost|HostRegister|HostUnregister|hipHostMalloc|hipHostFree", re.I)
+EMPTY_CACHE_RE = re.compile(r"^<built-in function _cuda_emptyCache>$|^<built-in method _cuda_emptyCache\b|"
+                            r"^torch/cuda/memory\.py\(\d+\): empty_cache$")  # fmt: skip
+CAPTURE_BEGIN_RE = re.compile(r"^(cuda|hip)StreamBeginCapture|^cuStreamBeginCapture")
+CAPTURE_END_RE = re.compile(r"^(cuda|hip)StreamEndCapture|^cuStreamEndCapture")
+INSTANTIATE_RE = re.compile(r"^(cuda|hip)GraphInstantiate|^cuGraphInstantiate")
+
+
+def _allocation(ctx: RankContext) -> list[Fact]:
+    """CUDA / HIP memory allocation calls in the steps (Ascend: analyzers/npu.py's npu_allocation)."""
+    tr = ctx.trace
+    rt = tr.runtime
+    if tr.meta.format == "ascend" or not len(rt):
+        return []
+    kind = rt["kind"].to_numpy()
+    st = ctx.step_of(rt["ts"].to_numpy())
+    am = ((kind == "malloc") | (kind == "free")) & (st >= 0)
+    if not am.any():
+        return []
+    host = am & name_mask(rt["name"], HOST_ALLOC_RE)
+    dev = am & ~host
+    dur = rt["dur"].to_numpy()
+    if dev.any():
+        tid = rt["tid"].to_numpy(np.int64)
+        register(ctx, WhatIfSet.of_intervals("device_alloc", "device memory allocation and free calls", tid[dev],
+                                             rt["ts"].to_numpy()[dev], rt["end"].to_numpy()[dev]))  # fmt: skip
+    window = ctx.windows_us
+    steps = np.array([w.step for w in ctx.windows])
+    with_alloc = len(np.intersect1d(np.unique(st[dev]), steps))
+    empty = None
+    if python_stacks(tr):
+        py = tr.python
+        empty = int((name_mask(py["name"], EMPTY_CACHE_RE) & (ctx.step_of(py["ts"].to_numpy()) >= 0)).sum())
+    a_us, h_us = float(dur[dev].sum()), float(dur[host].sum())
+    names = rt["name"][am].value_counts()
+    names = names[names > 0].head(6)
+    top = np.flatnonzero(am)[np.argsort(-dur[am])[:3]]
+    return [DeviceAllocation(
+        rank=tr.rank, steps_count=len(ctx.windows), window_us=window,
+        malloc_count=int((dev & (kind == "malloc")).sum()), free_count=int((dev & (kind == "free")).sum()),
+        alloc_us=a_us, alloc_ratio=div(a_us, window), steps_with_alloc_ratio=div(with_alloc, len(steps)),
+        host_alloc_count=int(host.sum()), host_alloc_us=h_us, host_alloc_ratio=div(h_us, window),
+        empty_cache_calls_count=empty,
+        evidence=Evidence(time_ranges_us=[(float(rt["ts"].iat[i]), float(rt["end"].iat[i])) for i in top],
+                          events=[str(k) for k in names.index], counts={str(k): int(v) for k, v in names.items()}),
+    )]  # fmt: skip
+
+
+def _graph_capture(ctx: RankContext) -> list[Fact]:
+    """CUDA / HIP graph capture and instantiation inside the steps."""
+    tr = ctx.trace
+    rt = tr.runtime
+    if not len(rt):
+        return []
+    st = ctx.step_of(rt["ts"].to_numpy())
+    begin = name_mask(rt["name"], CAPTURE_BEGIN_RE)
+    inst = name_mask(rt["name"], INSTANTIATE_RE) & (st >= 0)
+    if not (begin & (st >= 0)).any() and not inst.any():
+        return []
+    end_m = name_mask(rt["name"], CAPTURE_END_RE)
+    ts, en, tid = rt["ts"].to_numpy(), rt["end"].to_numpy(), rt["tid"].to_numpy(np.int64)
+    spans = []
+    for i in np.flatnonzero(begin & (st >= 0)):
+        later = np.flatnonzero(end_m & (tid == tid[i]) & (ts >= ts[i]))
+        spans.append((tid[i], ts[i], en[later[0]] if len(later) else en[i]))
+    parts = spans + [(tid[i], ts[i], en[i]) for i in np.flatnonzero(inst)]
+    t, s, e = (np.array(x) for x in zip(*parts))
+    register(ctx, WhatIfSet.of_intervals("graph_capture", "graph capture and instantiation in the steps",
+                                         t.astype(np.int64), s.astype(float), e.astype(float)))  # fmt: skip
+    cap = float(sum(b - a for _, a, b in spans))
+    ins = float((en - ts)[inst].sum())
+    window = ctx.windows_us
+    launches = int(((rt["kind"] == "graph_launch").to_numpy() & (st >= 0)).sum())
+    return [GraphCapture(
+        rank=tr.rank, steps_count=len(ctx.windows), window_us=window, captures_count=len(spans), capture_us=cap,
+        instantiations_count=int(inst.sum()), instantiate_us=ins, graph_launches_count=launches,
+        capture_total_us=cap + ins, capture_ratio=div(cap + ins, window),
+        evidence=Evidence(time_ranges_us=[(float(a), float(b)) for _, a, b in parts[:3]],
+                          events=sorted({str(n) for n in rt["name"].to_numpy()[(begin | inst) & (st >= 0)]})[:5],
+                          counts={"captures": len(spans), "instantiations": int(inst.sum())}),
+    )]  # fmt: skip
+
+
+def _task_queue(ctx: RankContext) -> list[Fact]:
+    """torch_npu's task queue: who launches the operators (Ascend traces with a CANN API layer)."""
+    tr = ctx.trace
+    rt = tr.runtime
+    if tr.meta.format != "ascend" or not len(rt):
+        return []
+    st = ctx.step_of(rt["ts"].to_numpy())
+    launch = (rt["kind"] == "launch").to_numpy() & (st >= 0)
+    if not launch.any():
+        return []
+    tid = main_tid(tr)
+    tq = tr.extras.get("task_queue")
+    enq = deq = 0
+    if tq is not None and len(tq):
+        tq_in = ctx.step_of(tq["ts"].to_numpy()) >= 0
+        k = tq["kind"].astype(str).to_numpy()
+        enq, deq = int(((k == "enqueue") & tq_in).sum()), int(((k == "dequeue") & tq_in).sum())
+    on_main = rt["tid"].to_numpy() == tid
+    n_main = int((launch & on_main).sum())
+    cann_main = (st >= 0) & on_main & ~(rt["kind"] == "sync").to_numpy()
+    cu = iv.length(iv.union(rt["ts"].to_numpy()[cann_main], rt["end"].to_numpy()[cann_main]))
+    window = ctx.windows_us
+    return [NpuTaskQueue(
+        rank=tr.rank, steps_count=len(ctx.windows), window_us=window, enqueue_count=enq, dequeue_count=deq,
+        queue_enabled=(enq + deq) > 0, launches_count=int(launch.sum()), main_thread_launches_count=n_main,
+        main_thread_launch_ratio=div(n_main, int(launch.sum())), main_thread_cann_us=cu,
+        main_thread_cann_ratio=div(cu, window),
+        evidence=Evidence(counts={"Enqueue": enq, "Dequeue": deq, "launches": int(launch.sum()),
+                                  "launches_on_training_thread": n_main},
+                          note=f"training thread {tid}; CANN calls other than synchronisation on it"),
+    )]  # fmt: skip
+
+
 # ---------------------------------------------------------------- entry point
 
 
@@ -651,5 +897,8 @@ def per_rank(ctx: RankContext) -> list[Fact]:
         facts.extend(_busy(ctx, host, device, tids))
     facts.extend(_sync(ctx))
     facts.extend(_gc(ctx))
-    facts.extend(_compilation(ctx))
+    facts.extend(_compilation(ctx, device))
+    facts.extend(_allocation(ctx))
+    facts.extend(_graph_capture(ctx))
+    facts.extend(_task_queue(ctx))
     return facts

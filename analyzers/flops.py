@@ -71,6 +71,7 @@ class OpCost:
     dtype: str  # fp32, bf16, fp16, fp8, fp64, int64, ... ("unknown")
     exact: bool = True
     thin: int = 0  # GEMMs: the smallest of M, N, K (the rows a small batch starves); 0 otherwise
+    mkn: tuple[int, int, int] | None = None  # GEMMs: (M, K, N) of one product (batch dims left out)
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ def _mm_cost(a: _Tensor, b: _Tensor, extra: list[_Tensor], bias: bool, dtype_fro
     flops = 2.0 * m * k * n + (m * n if bias else 0)
     out_bytes = m * n * _out_size(dtype_from)
     nbytes = a.nbytes + b.nbytes + sum(t.nbytes for t in extra) + out_bytes
-    return OpCost("gemm", flops, float(nbytes), _float_dtype(dtype_from), thin=min(m, k, n))
+    return OpCost("gemm", flops, float(nbytes), _float_dtype(dtype_from), thin=min(m, k, n), mkn=(m, k, n))
 
 
 def _mm(ts):
@@ -180,7 +181,7 @@ def _bmm_cost(a: _Tensor, b: _Tensor, extra: list[_Tensor]) -> OpCost | None:
     n = b.shape[2]
     flops = 2.0 * bs * m * k * n
     nbytes = a.nbytes + b.nbytes + sum(t.nbytes for t in extra) + bs * m * n * _out_size([a, b])
-    return OpCost("gemm", flops, float(nbytes), _float_dtype([a, b]), thin=min(m, k, n))
+    return OpCost("gemm", flops, float(nbytes), _float_dtype([a, b]), thin=min(m, k, n), mkn=(m, k, n))
 
 
 def _bmm(ts):
@@ -215,7 +216,7 @@ def _matmul(ts):
     m, k, n = sa[-2], sa[-1], sb[-1]
     flops = 2.0 * nb * m * k * n
     nbytes = a.nbytes + b.nbytes + nb * m * n * _out_size([a, b])
-    return OpCost("gemm", flops, float(nbytes), _float_dtype([a, b]), thin=min(m, k, n))
+    return OpCost("gemm", flops, float(nbytes), _float_dtype([a, b]), thin=min(m, k, n), mkn=(m, k, n))
 
 
 def _linear(ts):
@@ -229,7 +230,7 @@ def _linear(ts):
     k, n = w.shape[1], w.shape[0]
     flops = 2.0 * rows * k * n + (rows * n if bias is not None else 0)
     nbytes = x.nbytes + w.nbytes + (bias.nbytes if bias is not None else 0) + rows * n * _out_size([x, w])
-    return OpCost("gemm", flops, float(nbytes), _float_dtype([x, w]), thin=min(rows, k, n))
+    return OpCost("gemm", flops, float(nbytes), _float_dtype([x, w]), thin=min(rows, k, n), mkn=(rows, k, n))
 
 
 def _scaled_mm(ts):
@@ -241,7 +242,7 @@ def _scaled_mm(ts):
     m, n = ts[0].shape[0], ts[1].shape[1]
     # fp8 operands, result usually bf16: count the output at 2 bytes
     nbytes = ts[0].nbytes + ts[1].nbytes + m * n * 2
-    return OpCost("gemm", c.flops, float(nbytes), "fp8" if ts[0].dtype == "fp8" else c.dtype)
+    return OpCost("gemm", c.flops, float(nbytes), "fp8" if ts[0].dtype == "fp8" else c.dtype, mkn=c.mkn)
 
 
 # --- convolution ----------------------------------------------------------------------------

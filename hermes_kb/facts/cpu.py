@@ -120,6 +120,10 @@ class GcPauses(Fact):
     step_time_ratio: float = ratio("gc_us / summed step windows")
     max_step_ratio: float = ratio("largest share of one step's window spent collecting")
     in_dataloader_count: int = measure("count", "collections inside a DataLoader __next__ annotation")
+    explicit_count: int = measure(
+        "count", "collections inside an explicit gc.collect() call (its built-in frame; needs Python stacks)", default=0
+    )
+    explicit_ratio: float = ratio("time of those collections / gc_us: the share the program asked for", default=0.0)
 
 
 class Compilation(Fact):
@@ -153,6 +157,37 @@ class Compilation(Fact):
     recompiled: bool = Field(
         description="max_compile_id > 0: some frame was recompiled (before or during the capture)"
     )
+    forward_regions_count: int = measure(
+        "count", "'Torch-Compiled Region: F/C' events run in the window(s): one per call of a compiled frame", default=0
+    )
+    regions_per_step: float = measure("count", "forward_regions_count / steps", default=0.0)
+    distinct_frames_max: int = measure(
+        "count", "most distinct compiled frames (F of 'F/C') run in one step: more than one per compiled "
+        "function means Dynamo split it (graph breaks) or several functions are compiled", default=0,
+    )
+    frame_calls_max: int = measure(
+        "count", "most calls of one compiled frame in one step (a compiled helper called in a loop)", default=0
+    )
+    resume_frames_count: int | None = measure(
+        "count", "Python frames 'torch_dynamo_resume_in_<fn>_at_<line>' in the window(s): code Dynamo resumes "
+        "after a graph break (null without Python stacks)", default=None,
+    )
+    wrapper_us: float | None = us(
+        "host time inside compiled calls (compiled regions, CompiledFunction / CompiledFunctionBackward, Dynamo "
+        "guard checks) outside the generated code ('## Call CompiledFxGraph ##'): the per-call cost of running "
+        "compiled code (null when the trace does not mark the generated code)", default=None,
+    )
+    wrapper_ratio: float | None = ratio("wrapper_us / window_us", default=None)
+    wrapper_excess_us: float | None = us(
+        "wrapper_us x (1 - 1 / regions_per_step): the wrapper time beyond one compiled region per step "
+        "(what merging the regions into one could save)", default=None,
+    )
+    wrapper_excess_ratio: float | None = ratio("wrapper_excess_us / window_us", default=None)
+    region_device_idle_us: float | None = us(
+        "time inside compiled regions (forward regions, CompiledFunctionBackward) with the device idle "
+        "(null on a CPU-only rank)", default=None,
+    )
+    region_device_idle_ratio: float | None = ratio("region_device_idle_us / window_us", default=None)
 
 
 class OperatorDispatch(Fact):
@@ -198,3 +233,266 @@ class OptimizerStep(Fact):
     optimizer_us: float = us("their summed duration")
     optimizer_ratio: float = ratio("optimizer_us / window_us")
     ops_per_call: float = measure("count", "top-level operators inside one step() call, on average")
+    device_idle_us: float | None = us(
+        "time inside the step() calls with the device idle (null on a CPU-only rank)", default=None
+    )
+    device_idle_ratio: float | None = ratio("device_idle_us / window_us", default=None)
+
+
+# ---------------------------------------------------------------- Python in the step (analyzers/pyframes.py)
+
+
+class AutogradAnomaly(Fact):
+    """Autograd anomaly detection at work in the analysed steps (step = null): the NaN checks the
+    autograd engine runs on every backward node's outputs, and the Python stack each forward
+    operator captures for its node. Only emitted when either is seen."""
+
+    kind: Literal["autograd_anomaly"] = "autograd_anomaly"
+    steps_count: int = measure("count", "analysed steps")
+    window_us: float = us("summed step windows")
+    nan_checks_count: int = measure(
+        "count", "backward nodes ('autograd::engine::evaluate_function: ...') with an aten::isnan child: outputs checked for NaN"
+    )
+    nan_check_us: float = us("time in the check operators (aten::isnan, aten::_is_any_true / any, aten::item) inside those nodes")  # fmt: skip
+    stack_captures_count: int = measure(
+        "count", "stack captures for anomaly metadata: outermost torch/fx/traceback.py format_stack frames "
+        "inside an operator (needs Python stacks)",
+    )
+    stack_capture_us: float = us("their time")
+    anomaly_us: float = us("union of the check operators and the stack captures")
+    anomaly_ratio: float = ratio("anomaly_us / window_us")
+    stacks_recorded: bool = Field(description="the trace has Python stacks (with_stack=True): stack captures can be seen")
+
+
+class TensorFormatting(Fact):
+    """Tensors turned into text on the host threads inside the analysed steps (step = null):
+    torch's tensor printer (Tensor.__repr__ / __str__ / __format__, torch/_tensor_str.py), run by
+    print, f-strings and log messages. Only emitted when the trace has Python stacks and such frames."""
+
+    kind: Literal["tensor_formatting"] = "tensor_formatting"
+    steps_count: int = measure("count", "analysed steps")
+    window_us: float = us("summed step windows")
+    calls_count: int = measure("count", "outermost tensor-printing frames")
+    calls_per_step: float = measure("count", "calls_count / steps_count")
+    format_us: float = us("union of those frames, minus the time blocked on the device inside them")
+    format_ratio: float = ratio("format_us / window_us")
+    blocking_us: float = us(
+        "time blocked on the device inside them (sync calls, blocking device-to-host copies): the read-backs the "
+        "printing forces; the wait itself is the synchronisation facts' (host_sync)"
+    )
+    item_calls_count: int = measure(
+        "count", "aten::item / aten::_local_scalar_dense inside them: element reads, a device synchronisation each on a GPU"
+    )
+
+
+class ModuleHooks(Fact):
+    """Module hooks run in the analysed steps (step = null): Python functions nn.Module's call
+    wrapper runs besides forward() (forward, pre-forward and full backward hooks), the
+    torch/utils/hooks.py machinery of full backward hooks, and their BackwardHookFunction autograd
+    nodes. Hooks defined inside torch itself (FSDP, quantization observers) are not counted. Only
+    emitted when any is seen."""
+
+    kind: Literal["module_hooks"] = "module_hooks"
+    steps_count: int = measure("count", "analysed steps")
+    window_us: float = us("summed step windows")
+    hook_calls_count: int = measure(
+        "count", "calls of hook functions by the module call wrapper (torch/nn/modules/module.py _call_impl / inner), "
+        "other than forward() and torch's own (needs Python stacks)",
+    )
+    hook_calls_per_step: float = measure("count", "hook_calls_count / steps_count")
+    backward_hook_nodes_count: int = measure(
+        "count", "BackwardHookFunction / BackwardHookFunctionBackward operators (full backward hooks)"
+    )
+    hook_us: float = us("union of the hook frames, torch/utils/hooks.py frames and BackwardHookFunction operators")
+    hook_ratio: float = ratio("hook_us / window_us")
+
+
+class ObjectConstruction(Fact):
+    """nn.Module and torch.optim.Optimizer objects constructed on the training thread inside the
+    analysed steps (step = null), outside the DataLoader: Module.__init__ / Optimizer.__init__
+    frames and the constructors around them (parameter allocation, weight initialisation). Only
+    emitted when the trace has Python stacks and such frames."""
+
+    kind: Literal["object_construction"] = "object_construction"
+    steps_count: int = measure("count", "analysed steps")
+    window_us: float = us("summed step windows")
+    modules_count: int = measure("count", "torch.nn.Module.__init__ calls")
+    optimizers_count: int = measure("count", "torch.optim.Optimizer.__init__ calls")
+    constructions_per_step: float = measure("count", "(modules_count + optimizers_count) / steps_count")
+    construction_us: float = us("union of the outermost constructor frames around those calls")
+    construction_ratio: float = ratio("construction_us / window_us")
+
+
+class GcCollectCalls(Fact):
+    """Explicit gc.collect() calls on the host threads inside the analysed steps (step = null): the
+    built-in collect frame, so only with Python stacks. Only emitted when there is one."""
+
+    kind: Literal["gc_collect_calls"] = "gc_collect_calls"
+    steps_count: int = measure("count", "analysed steps")
+    window_us: float = us("summed step windows")
+    calls_count: int = measure("count", "gc.collect() calls")
+    calls_per_step: float = measure("count", "calls_count / steps_count")
+    steps_with_call_ratio: float = ratio("share of analysed steps with a call")
+    collect_us: float = us("time inside the calls")
+    longest_us: float = us("longest call")
+    collect_ratio: float = ratio("collect_us / window_us")
+
+
+# ---------------------------------------------------------------- framework operators (analyzers/dispatch.py)
+
+
+class ZeroGrad(Fact):
+    """optimizer.zero_grad() over the analysed steps (step = null), from the profiler's
+    'Optimizer.zero_grad#<Class>.zero_grad' annotations. Only emitted when there are such
+    annotations in the steps."""
+
+    kind: Literal["zero_grad"] = "zero_grad"
+    optimizer: str = Field(description="optimizer class named in the annotation")
+    steps_count: int = measure("count", "analysed steps")
+    window_us: float = us("summed step windows")
+    calls_count: int = measure("count", "zero_grad() calls in the steps")
+    zero_grad_us: float = us("their summed duration")
+    zero_grad_ratio: float = ratio("zero_grad_us / window_us")
+    fill_ops_count: int = measure(
+        "count", "top-level aten::zero_ / aten::fill_ / aten::_foreach_zero_ operators inside the calls: gradients "
+        "overwritten with zeros instead of dropped",
+    )
+    fills_gradients: bool = Field(description="fill_ops_count > 0: zero_grad(set_to_none=False) (PyTorch < 2.0's default)")
+    device_work_count: int = measure("count", "kernels and memsets launched inside the calls")
+    accumulate_add_count: int = measure(
+        "count", "AccumulateGrad nodes that added into an existing gradient (an aten::add_ inside) in the steps"
+    )
+
+
+class DdpBufferBroadcast(Fact):
+    """DistributedDataParallel's buffer broadcast at the start of each forward
+    (broadcast_buffers=True, the default) over the analysed steps (step = null): flattening the
+    module's buffers, broadcasting them from rank 0, unflattening and copying them back. Only
+    emitted when 'DistributedDataParallel.forward' annotations hold such a broadcast."""
+
+    kind: Literal["ddp_buffer_broadcast"] = "ddp_buffer_broadcast"
+    steps_count: int = measure("count", "analysed steps")
+    window_us: float = us("summed step windows")
+    forward_calls_count: int = measure("count", "DistributedDataParallel.forward calls with a buffer broadcast")
+    broadcasts_count: int = measure("count", "c10d::broadcast_ operators in them")
+    copies_count: int = measure("count", "aten::copy_ operators that write the broadcast values back into the buffers")
+    broadcast_host_us: float = us(
+        "host time of the broadcast phase: from the first flatten / broadcast to the last copy back, per call, on the "
+        "forward's thread"
+    )
+    broadcast_ratio: float = ratio("broadcast_host_us / window_us")
+
+
+class DataParallelReplication(Fact):
+    """Single-process multi-device data parallelism (torch.nn.DataParallel) in the analysed steps
+    (step = null): the Broadcast (replicate the module), Scatter, Gather and ReduceAddCoalesced
+    (gradients back to the first device) autograd functions it runs every step. Only emitted when
+    any is seen."""
+
+    kind: Literal["data_parallel"] = "data_parallel"
+    steps_count: int = measure("count", "analysed steps")
+    window_us: float = us("summed step windows")
+    replicate_calls_count: int = measure("count", "Broadcast operators (module replication)")
+    scatter_gather_calls_count: int = measure("count", "Scatter and Gather operators")
+    reduce_calls_count: int = measure("count", "ReduceAddCoalesced operators (gradients gathered to one device)")
+    dp_host_us: float = us("union of those operators and their backward nodes on the host threads")
+    dp_ratio: float = ratio("dp_host_us / window_us")
+    threads_count: int = measure("count", "host threads with cpu operators in the steps (DataParallel runs one per device)")
+
+
+class SyncBatchNormSync(Fact):
+    """torch.nn.SyncBatchNorm layers in the analysed steps (step = null): their forward and
+    backward autograd functions, and the host time blocked on the device inside them (its forward
+    reads the gathered counts back to filter out empty inputs: one synchronisation per layer,
+    pytorch/pytorch#78549). Only emitted when SyncBatchNorm operators are seen."""
+
+    kind: Literal["sync_batchnorm"] = "sync_batchnorm"
+    steps_count: int = measure("count", "analysed steps")
+    window_us: float = us("summed step windows")
+    forward_calls_count: int = measure("count", "SyncBatchNorm operators (one per layer per forward)")
+    backward_calls_count: int = measure("count", "SyncBatchNormBackward operators")
+    syncbn_us: float = us("union of those operators")
+    blocking_us: float = us("host time in sync calls and blocking device-to-host copies inside them")
+    blocking_calls_count: int = measure("count", "those calls")
+    syncbn_ratio: float = ratio("syncbn_us / window_us")
+    blocking_ratio: float = ratio("blocking_us / window_us")
+
+
+# ---------------------------------------------------------------- runtime calls (analyzers/cpu.py)
+
+
+class DeviceAllocation(Fact):
+    """CUDA / HIP memory allocation runtime calls inside the analysed steps (step = null): device
+    memory the caching allocator requests from or returns to the driver (cudaMalloc, cudaFree,
+    hipMalloc, hipFree, ...) and pinned host memory (cudaHostAlloc, cudaFreeHost,
+    cudaHostRegister, hipHostMalloc, ...). Only emitted for Kineto traces with such calls in the
+    steps."""
+
+    kind: Literal["device_allocation"] = "device_allocation"
+    steps_count: int = measure("count", "analysed steps")
+    window_us: float = us("summed step windows")
+    malloc_count: int = measure("count", "device allocation calls")
+    free_count: int = measure("count", "device free calls (cudaFree synchronises the device)")
+    alloc_us: float = us("host time in device allocation and free calls")
+    alloc_ratio: float = ratio("alloc_us / window_us")
+    steps_with_alloc_ratio: float = ratio("share of analysed steps with a device allocation or free call")
+    host_alloc_count: int = measure("count", "pinned host memory allocation / registration / free calls")
+    host_alloc_us: float = us("host time in them")
+    host_alloc_ratio: float = ratio("host_alloc_us / window_us")
+    empty_cache_calls_count: int | None = measure(
+        "count", "torch.cuda.empty_cache() calls seen as Python frames (null without Python stacks)", default=None
+    )
+
+
+class GraphCapture(Fact):
+    """CUDA / HIP graphs captured and instantiated inside the analysed steps (step = null):
+    stream capture (BeginCapture to EndCapture: the host runs the captured code without the
+    device executing it) and graph instantiation. Only emitted when a capture or instantiation
+    starts in the steps."""
+
+    kind: Literal["graph_capture"] = "graph_capture"
+    steps_count: int = measure("count", "analysed steps")
+    window_us: float = us("summed step windows")
+    captures_count: int = measure("count", "stream captures (cudaStreamBeginCapture / hipStreamBeginCapture)")
+    capture_us: float = us("host time from each capture's begin to its end")
+    instantiations_count: int = measure("count", "cudaGraphInstantiate* / hipGraphInstantiate* calls")
+    instantiate_us: float = us("host time in them")
+    graph_launches_count: int = measure("count", "graph launches in the steps")
+    capture_total_us: float = us("capture_us + instantiate_us")
+    capture_ratio: float = ratio("capture_total_us / window_us")
+
+
+class NpuTaskQueue(Fact):
+    """torch_npu's task queue over the analysed steps (step = null): with it on (TASK_QUEUE_ENABLE
+    1 or 2, the default) the Python thread enqueues each operator and a second thread dequeues
+    and launches it; with it off the Python thread launches every operator itself. Only emitted
+    for Ascend traces with operator launches in the steps."""
+
+    kind: Literal["npu_task_queue"] = "npu_task_queue"
+    steps_count: int = measure("count", "analysed steps")
+    window_us: float = us("summed step windows")
+    enqueue_count: int = measure("count", "Enqueue events in the steps")
+    dequeue_count: int = measure("count", "Dequeue events in the steps")
+    queue_enabled: bool = Field(description="the trace has Enqueue or Dequeue events: the task queue is on")
+    launches_count: int = measure("count", "CANN operator launch calls (kind launch) in the steps")
+    main_thread_launches_count: int = measure("count", "of those, launched on the Python (training) thread")
+    main_thread_launch_ratio: float = ratio("main_thread_launches_count / launches_count")
+    main_thread_cann_us: float = us("host time of CANN API calls on the training thread in the steps")
+    main_thread_cann_ratio: float = ratio("main_thread_cann_us / window_us")
+
+
+class StateCopies(Fact):
+    """Deep copies of model or optimizer state made on the training thread inside the analysed
+    steps (step = null): copy.deepcopy frames and nn.Module / Optimizer state_dict() and load_state_dict()
+    frames, with the tensor clones inside them. Only emitted when the trace has Python stacks
+    and such frames."""
+
+    kind: Literal["state_copies"] = "state_copies"
+    steps_count: int = measure("count", "analysed steps")
+    window_us: float = us("summed step windows")
+    deepcopy_calls_count: int = measure("count", "outermost copy.deepcopy calls")
+    state_dict_calls_count: int = measure("count", "outermost state_dict() / load_state_dict() calls (of modules or optimizers)")
+    clone_ops_count: int = measure("count", "aten::clone / aten::copy_ operators inside them (tensor data copied)")
+    copies_per_step: float = measure("count", "(deepcopy_calls_count + state_dict_calls_count) / steps_count")
+    copy_us: float = us("union of those frames")
+    copy_ratio: float = ratio("copy_us / window_us")

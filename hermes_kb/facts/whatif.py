@@ -16,6 +16,13 @@ TARGETS = frozenset({
     "dataloader", "host_gaps", "host_gaps_large", "python_io", "tiny_ops", "optimizer", "gc", "compile", "syncs",
     "implicit_syncs", "explicit_syncs", "launch_calls", "host_work", "communication", "device_compute", "fp32_gemm",
     "fp32_conv", "fusable", "python_pauses",
+    # cpu (analyzers/pyframes.py, cpu.py, dispatch.py)
+    "anomaly", "tensor_format", "module_hooks", "construction", "gc_collect", "compile_wrappers", "zero_grad",
+    "ddp_buffer_sync", "data_parallel", "sync_batchnorm", "device_alloc", "graph_capture", "state_copy",
+    # computation (analyzers/kernels.py, the per-kernel compute analysis)
+    "small_grid", "misaligned_gemms", "dtype_casts", "strided_copies", "concat_copies", "layout_transposes",
+    "optimizer_kernels", "recompute", "fp64_kernels", "embedding_backward", "large_vocab_loss", "grad_scaler",
+    "conv_fallback", "npu_cube_misaligned", "npu_fa_misaligned", "sdpa_math",
 })  # fmt: skip
 CLASS_TARGETS = frozenset({"gemm", "conv", "attention", "elementwise", "reduction", "norm", "memory", "communication",
                            "other"})  # fmt: skip
