@@ -123,6 +123,23 @@ def _how_to(case_opt, platform: str) -> str:
     return (h.gpu if platform == "gpu" else None) or h.any or h.gpu or h.npu or ""
 
 
+def _windows(facts: list[dict[str, Any]]) -> dict[int | None, tuple[float, int]]:
+    """Per rank: the analysed steps' total time and their number."""
+    out: dict[int | None, list[float]] = defaultdict(list)
+    for f in facts:
+        if f.get("kind") == "step_time" and isinstance(f.get("duration_us"), (int, float)):
+            out[f.get("rank")].append(float(f["duration_us"]))
+    return {r: (sum(v), len(v)) for r, v in out.items()}
+
+
+def _steps_spanned(t: float, rank: int | None, windows: dict[int | None, tuple[float, int]]) -> int:
+    """How many steps a gain's step time T covers: rank-level facts and the replay measure the
+    whole analysed window (the sum of n steps), per-step and monitor facts one step. Findings are
+    reported per step, so amounts over the window are divided by n."""
+    total, n = windows.get(rank, (0.0, 0))
+    return n if n > 1 and abs(t - total) <= 0.02 * total else 1
+
+
 def _mean_step(facts: list[dict[str, Any]]) -> dict[int | None, float]:
     per_rank: dict[int | None, list[float]] = defaultdict(list)
     for f in facts:
@@ -164,14 +181,22 @@ class _MatchGain:
     target: str | None = None  # the replayed set, when the gain comes from a replay
     phi: tuple[float, float] = (0.0, 0.0)  # the set's fraction at the low and high end
     extra: tuple[float, float] = (0.0, 0.0)  # measured time beyond the set, counted one for one
+    per: int = 1  # steps the amounts span: the whole analysed window (n steps) or one step
+
+    def per_step(self, us: float) -> float:
+        return us / self.per
 
 
-def _whatif_index(facts: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
+def _whatif_index(inf: Inference) -> dict[tuple, dict[str, Any]]:
     """(rank, target) -> whatif fact; (rank, "*linked") -> one of the rank's facts when its graph
-    is replayable (launch links, or no device)."""
+    is replayable (launch links, or no device). The engine's facts are flat (scalars only), so the
+    shared critical-path time per other set comes from the original fact."""
     out: dict[tuple, dict[str, Any]] = {}
-    for f in facts:
+    for f in inf.facts:
         if f.get("kind") == "whatif":
+            orig = inf.originals.get(f.get("_id"))
+            overlaps = getattr(orig, "critical_overlaps_us", None)
+            f = {**f, "critical_overlaps_us": dict(overlaps)} if overlaps else f
             out[(f.get("rank"), f.get("target"))] = f
             if f.get("linked", True):
                 out[(f.get("rank"), "*linked")] = f
@@ -193,7 +218,8 @@ def _component_cap(case: Case, bd: dict[str, Any] | None, t: float) -> tuple[flo
     return share * t, "+".join(comps)
 
 
-def _gain(case: Case, m: Match, step_means: dict, whatif: dict, bds: dict) -> _MatchGain | None:
+def _gain(case: Case, m: Match, step_means: dict, whatif: dict, bds: dict,
+          windows: dict[int | None, tuple[float, int]]) -> _MatchGain | None:
     """What the case's fix removes from the analysed steps in one match: a replay of the rank's
     dependency graph when the case names its events (gain.whatif) and the rank has that set,
     else the case's fraction of its measured time, bounded by its components' critical time."""
@@ -214,7 +240,7 @@ def _gain(case: Case, m: Match, step_means: dict, whatif: dict, bds: dict) -> _M
         # the rank's graph is replayable but holds none of the events this fix shortens (e.g. an
         # explicit-sync case where every sync is an implicit read-back): it removes nothing here
         t = float(whatif[(rank, "*linked")]["step_us"])
-        return _MatchGain(step=t, removes=min(r, t), lo=0.0, hi=0.0, rank=rank,
+        return _MatchGain(step=t, removes=min(r, t), lo=0.0, hi=0.0, rank=rank, per=_steps_spanned(t, rank, windows),
                           note=f"The rank's trace holds none of the events this fix shortens ({g.whatif.target}).")
     if w is not None and float(w.get("own_us") or 0.0) > 0 and float(w.get("step_us") or 0.0) > 0:
         t = float(w["step_us"])
@@ -265,7 +291,8 @@ def _gain(case: Case, m: Match, step_means: dict, whatif: dict, bds: dict) -> _M
         rm_lo, rm_hi = min(rm_lo, cap), min(rm_hi, cap)
     rm_hi = min(max(rm_hi, 0.0), t)
     rm_lo = min(max(rm_lo, 0.0), rm_hi)
-    out = _MatchGain(step=t, removes=min(r, t), lo=rm_lo, hi=rm_hi, rank=rank, note=note)
+    out = _MatchGain(step=t, removes=min(r, t), lo=rm_lo, hi=rm_hi, rank=rank, note=note,
+                     per=_steps_spanned(t, rank, windows))
     if w is not None and "Replayed" in note:
         out.target, out.phi, out.extra = g.whatif.target, (phi_lo, phi_hi), (extra_lo, extra_hi)
     return out
@@ -293,14 +320,15 @@ def _evidence(m: Match, inf: Inference) -> list[EvidenceItem]:
 def findings_from(inf: Inference, kb: KnowledgeBase, platform: str) -> list[Finding]:
     """Ranked findings; those claiming the same critical-path time as a better one nested in it."""
     findings, _ = _findings(inf, kb, platform)
-    return merge_findings(findings, _whatif_index(inf.facts))
+    return merge_findings(findings, _whatif_index(inf))
 
 
 def _findings(inf: Inference, kb: KnowledgeBase, platform: str) -> tuple[list[Finding], dict[str, list[_MatchGain]]]:
     """One finding per case, and per case the gains of its matches (for the combined replay)."""
     cases = {e.item.id: e.item for e in kb.cases}
     step_means = _mean_step(inf.facts)
-    whatif = _whatif_index(inf.facts)
+    windows = _windows(inf.facts)
+    whatif = _whatif_index(inf)
     bds = _breakdowns(inf.facts)
     by_case: dict[str, list[Match]] = defaultdict(list)
     for m in inf.cases:
@@ -312,17 +340,18 @@ def _findings(inf: Inference, kb: KnowledgeBase, platform: str) -> tuple[list[Fi
     plans: dict[str, list[_MatchGain]] = {}
     for case_id, matches in by_case.items():
         case = cases[case_id]
-        gains = [g for g in (_gain(case, m, step_means, whatif, bds) for m in matches) if g is not None]
+        gains = [g for g in (_gain(case, m, step_means, whatif, bds, windows) for m in matches) if g is not None]
         if not gains:
             continue
         plans[case_id] = gains
         # several matches (ranks, steps) of one case become one finding: the median of each
         # quantity across them (data-parallel ranks wait for each other, so one rank's gain is not
         # the job's; the median is the typical rank)
-        t = statistics.median(g.step for g in gains)
-        r = statistics.median(g.removes for g in gains)
-        rm_lo = statistics.median(g.lo for g in gains)
-        rm_hi = statistics.median(g.hi for g in gains)
+        # per step: a match over the whole analysed window and one over a single step compare
+        t = statistics.median(g.per_step(g.step) for g in gains)
+        r = statistics.median(g.per_step(g.removes) for g in gains)
+        rm_lo = statistics.median(g.per_step(g.lo) for g in gains)
+        rm_hi = statistics.median(g.per_step(g.hi) for g in gains)
         sp_lo = t / max(t - rm_lo, 1e-9)
         sp_hi = t / max(t - rm_hi, 1e-9)
         share = r / t
@@ -336,10 +365,12 @@ def _findings(inf: Inference, kb: KnowledgeBase, platform: str) -> tuple[list[Fi
         confidence = 0.8 if case.status == "stable" else 0.6
         if len(steps) >= 3 or any(v.get("step") is None for v in best.bindings.values()):
             confidence += 0.1
-        typical = min(gains, key=lambda g: abs(g.hi - rm_hi))
-        assumption = (f"{case.gain.assumption.strip()} Measured: {r / 1e3:,.2f} ms ({share:.0%} of {t / 1e3:,.2f} ms of "
-                      f"analysed steps; median over {len(gains)} match(es)). {typical.note} Removable: "
-                      f"{rm_lo / 1e3:,.2f}-{rm_hi / 1e3:,.2f} ms; speedup = step time / (step time - removed).")  # fmt: skip
+        typical = min(gains, key=lambda g: abs(g.per_step(g.hi) - rm_hi))
+        window = (f" The amounts below are over the {typical.per} analysed steps; per step they are 1/{typical.per} of that."
+                  if typical.per > 1 else "")  # fmt: skip
+        assumption = (f"{case.gain.assumption.strip()} Measured: {r / 1e3:,.2f} ms per step ({share:.0%} of a "
+                      f"{t / 1e3:,.2f} ms step; median over {len(gains)} match(es)).{window} {typical.note} Removable: "
+                      f"{rm_lo / 1e3:,.2f}-{rm_hi / 1e3:,.2f} ms per step; speedup = step time / (step time - removed).")  # fmt: skip
         findings.append(
             Finding(
                 case_id=case.id,
@@ -460,22 +491,25 @@ def combined_gain(findings: list[Finding], plans: dict[str, list[_MatchGain]], r
         mine = [(f, g) for f, g in mine if g is not None]
         if not mine:
             continue
-        t = max(g.step for _, g in mine)
+        # per step, as the findings are (a replay spans the rank's whole analysed window)
+        t = max(g.per_step(g.step) for _, g in mine)
         state = replay.get(r)
         lo = hi = 0.0
         parts_lo, parts_hi = [], []
+        per = 1
         for f, g in mine:
             amounts = state.amounts.get(g.target) if (state is not None and g.target) else None
             if amounts is None:
-                lo, hi = lo + g.lo, hi + g.hi
+                lo, hi = lo + g.per_step(g.lo), hi + g.per_step(g.hi)
                 continue
             drops = g.target in state.drop_waits
             parts_lo.append((amounts, g.phi[0], drops))
             parts_hi.append((amounts, g.phi[1], drops))
-            lo, hi = lo + g.extra[0], hi + g.extra[1]
+            lo, hi = lo + g.per_step(g.extra[0]), hi + g.per_step(g.extra[1])
+            per = g.per
         if parts_hi:
-            lo += max(0.0, removed_together(state.model, parts_lo))
-            hi += max(0.0, removed_together(state.model, parts_hi))
+            lo += max(0.0, removed_together(state.model, parts_lo)) / per
+            hi += max(0.0, removed_together(state.model, parts_hi)) / per
         bd = bds.get(r)
         if bd is not None:
             comps = {c for f in chosen for c in _CATEGORY_COMPONENTS.get(f.category, ("communication", "idle"))}
@@ -603,7 +637,7 @@ def diagnose(inf: Inference, kb: KnowledgeBase, platform: str, replay: dict, *, 
     """Findings ranked, nested where they claim the same time, filtered to a rank and cut to the
     first ``top``; the gain of the first fixes together; the bottlenecks no finding explains."""
     findings, plans = _findings(inf, kb, platform)
-    findings = merge_findings(findings, _whatif_index(inf.facts))
+    findings = merge_findings(findings, _whatif_index(inf))
     if rank is not None:
         findings = [f for f in findings if not f.ranks or rank in f.ranks]
         plans = {k: [g for g in v if g.rank in (rank, None)] for k, v in plans.items()}

@@ -243,7 +243,9 @@ def advise(
     else:
         from .render.inspect_table import console_for_output
 
-        console_for_output().print(render_terminal(report), highlight=False)
+        # the warnings went to stderr just above: printed again in the report they would show twice
+        shown = report.model_copy(update={"warnings": [w for w in report.warnings if w not in notes]})
+        console_for_output().print(render_terminal(shown), highlight=False)
     worst = report.worst_severity()
     if fail_on is not None and worst is not None and SEVERITY_ORDER[worst] >= SEVERITY_ORDER[fail_on.value]:
         raise typer.Exit(EXIT_FINDINGS)

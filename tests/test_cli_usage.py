@@ -249,6 +249,13 @@ def test_warning_for_a_single_profiled_step(tmp_path):
     assert any("single profiled step" in w for w in json.loads(r.stdout)["warnings"])
 
 
+def test_terminal_report_shows_a_warning_once(tmp_path):
+    r = cli("advise", _one_step_trace(tmp_path / "t.json"))
+    assert r.returncode == 0, r.stderr
+    both = r.stdout + r.stderr
+    assert len(re.findall(r"a single profiled step", both)) == 1, both
+
+
 def test_warning_for_ranks_from_different_jobs(tmp_path):
     d = tmp_path / "job"
     d.mkdir()
