@@ -227,25 +227,7 @@ def _optimizer(ctx: RankContext) -> list[Fact]:
 
 def _register_optimizer(ctx: RankContext, calls: pd.DataFrame) -> None:
     """The optimizer steps' host time and the device work launched inside them."""
-    tr = ctx.trace
-    kern = np.zeros(0, np.int64)
-    mcpy = np.zeros(0, np.int64)
-    lk = tr.links
-    if len(lk) and len(tr.runtime):
-        rt = tr.runtime
-        ri = lk["runtime_idx"].to_numpy(np.int64)
-        ok = (ri >= 0) & (ri < len(rt))
-        inside = np.zeros(len(lk), dtype=bool)
-        rts, rtid = rt["ts"].to_numpy()[ri[ok]], rt["tid"].to_numpy()[ri[ok]]
-        for t in np.unique(calls["tid"].to_numpy()):
-            c = calls[calls["tid"].to_numpy() == t].sort_values("ts")
-            i = np.searchsorted(c["ts"].to_numpy(), rts, side="right") - 1
-            hit = (i >= 0) & (rtid == t)
-            hit[hit] = rts[hit] < c["end"].to_numpy()[i[hit]]
-            inside[np.flatnonzero(ok)[hit]] = True
-        kind, gi = lk["gpu_kind"].to_numpy(), lk["gpu_idx"].to_numpy(np.int64)
-        kern = gi[inside & (kind == "kernel")]
-        mcpy = gi[inside & (kind == "memcpy")]
+    kern, mcpy = _device_inside(ctx, calls)
     register(ctx, WhatIfSet(
         "optimizer", "the optimizer steps on the host and the device work they launch",
         calls["tid"].to_numpy(np.int64), calls["ts"].to_numpy(float), calls["end"].to_numpy(float), kern, mcpy))
