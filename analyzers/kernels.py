@@ -47,9 +47,14 @@ from hermes_kb.facts.compute import (
     KernelRooflineSummary,
     NpuCubeAlignment,
     NpuFlashAttentionAlignment,
+    GemmEpilogue,
+    SortKernels,
+    KernelWaves,
     LargeVocabLoss,
     OptimizerDevice,
     SdpaMathFallback,
+    StridedElementwise,
+    TrainModeInference,
 )
 
 from . import intervals as iv
@@ -501,7 +506,9 @@ def _copies(ctx: RankContext, act: _Acts, k: _Acts, launcher: np.ndarray | None)
     sets = {"dtype_cast": ("dtype_casts", "dtype conversion kernels"),
             "strided_copy": ("strided_copies", "same-dtype copies of non-contiguous tensors"),
             "concat": ("concat_copies", "concatenation kernels (torch.cat / stack)"),
-            "layout_transpose": ("layout_transposes", "NCHW<->NHWC conversions around convolutions")}  # fmt: skip
+            "layout_transpose": ("layout_transposes", "NCHW<->NHWC conversions around convolutions"),
+            "index": ("index_kernels", "gather / scatter / index_select / index_put kernels"),
+            "fill": ("fill_kernels", "fill / zero / memset activities")}  # fmt: skip
     for ck in ("dtype_cast", "strided_copy", "contiguous_copy", "concat", "fill", "index", "layout_transpose",
                "host_transfer", "other"):  # fmt: skip
         m = mem & (kind == ck)
@@ -1312,4 +1319,391 @@ def kernel_facts(ctx: RankContext, act: _Acts, k: _Acts, dev: DeviceSpec | None,
     facts.extend(_conv_fallback(ctx, act, k, launcher))
     facts.extend(_npu_cube(ctx, act, k))
     facts.extend(_npu_fa(ctx, act, k))
+    facts.extend(_waves(ctx, k, blocks, sms))
+    facts.extend(_strided_elementwise(ctx, act, k, launcher))
+    facts.extend(_train_mode(ctx, act, k, launcher))
+    facts.extend(_npu_fp32_cube(ctx, act, k))
+    facts.extend(_gemm_epilogue(ctx, act, k))
+    facts.extend(_npu_vocab_vector(ctx, act, k))
+    facts.extend(_sorts(ctx, act, k, launcher))
     return facts
+
+
+# --- wave quantisation (tail effect) ----------------------------------------------------------------
+# resident thread blocks per SM by compute capability (CUDA C++ Programming Guide, "Technical
+# Specifications per Compute Capability": maximum number of resident blocks per SM)
+MAX_BLOCKS_PER_SM = {(5, 0): 32, (5, 2): 32, (5, 3): 32, (6, 0): 32, (6, 1): 32, (6, 2): 32, (7, 0): 32, (7, 2): 32,
+                     (7, 5): 16, (8, 0): 32, (8, 6): 16, (8, 7): 16, (8, 9): 24, (9, 0): 32, (10, 0): 32}  # fmt: skip
+REG_ALLOC_UNIT = 256  # registers are allocated per warp in units of 256
+SMEM_RESERVED_SM80 = 1024  # bytes of shared memory the driver reserves per block from compute capability 8.0
+
+
+def resident_blocks(threads: int, regs: int, smem: int, props: dict) -> int:
+    """Thread blocks one SM holds at once (the CUDA occupancy calculator's limits: threads, registers,
+    shared memory, blocks); 0 when a limit is unknown."""
+    try:
+        max_thr = int(props["maxThreadsPerMultiprocessor"])
+        regs_sm = int(props["regsPerMultiprocessor"])
+        smem_sm = int(props["sharedMemPerMultiprocessor"])
+        cc = (int(props["computeMajor"]), int(props.get("computeMinor") or 0))
+    except (KeyError, TypeError, ValueError):
+        return 0
+    if threads <= 0 or regs < 0 or smem < 0 or max_thr <= 0 or regs_sm <= 0:
+        return 0
+    warps = -(-threads // 32)
+    lim = [max_thr // (warps * 32), MAX_BLOCKS_PER_SM.get(cc, 16)]
+    if regs > 0:
+        per_warp = -(-regs * 32 // REG_ALLOC_UNIT) * REG_ALLOC_UNIT
+        lim.append((regs_sm // per_warp) // warps)
+    if smem > 0:
+        lim.append(smem_sm // (smem + (SMEM_RESERVED_SM80 if cc >= (8, 0) else 0)))
+    return max(0, min(lim))
+
+
+def _waves(ctx: RankContext, k: _Acts, blocks: np.ndarray, sms: int | None) -> list[Fact]:
+    kf = ctx.trace.kernels
+    props = list(getattr(ctx.trace.meta, "device_properties", None) or [])
+    if not sms or not props or not all(c in kf.columns for c in ("block_x", "block_y", "block_z", "registers",
+                                                                    "shared_mem")):  # fmt: skip
+        return []
+    comp = k.cls != _COMM
+    kernels_time = float(k.dur[comp].sum())
+    thr = np.ones(len(k), dtype=np.int64)
+    for c in ("block_x", "block_y", "block_z"):
+        v = kf[c].to_numpy()[k.row].astype(np.int64)
+        thr = thr * np.where(v > 0, v, 0)
+    regs = kf["registers"].to_numpy()[k.row].astype(np.int64)
+    smem = kf["shared_mem"].to_numpy()[k.row].astype(np.int64)
+    judged = comp & (k.dur >= MIN_KERNEL_US) & (blocks > 0) & (thr > 0) & (regs >= 0) & (smem >= 0)
+    if not judged.any() or kernels_time <= 0:
+        return []
+    res = np.zeros(len(k), dtype=np.int64)
+    cache: dict[tuple[int, int, int], int] = {}
+    for i in np.flatnonzero(judged):
+        key = (int(thr[i]), int(regs[i]), int(smem[i]))
+        if key not in cache:
+            cache[key] = resident_blocks(*key, props[0])
+        res[i] = cache[key]
+    judged &= res > 0
+    w = np.where(judged, blocks / np.maximum(res * sms, 1), 0.0)
+    multi = judged & (w > 1.0 + 1e-9)
+    full = np.ceil(w)
+    tail = np.where(multi, k.dur * (full - w) / np.where(full > 0, full, 1.0), 0.0)
+    if not multi.any():
+        return []
+    _register(ctx, "wave_tail", "kernels whose last wave of thread blocks is partly empty", k, multi & (tail > 0))
+    mm = np.isin(k.cls, _MATMUL)
+    bw, dw = w[multi], k.dur[multi]
+    o = np.argsort(bw, kind="stable")
+    cw = np.cumsum(dw[o])
+    med = float(bw[o][np.searchsorted(cw, cw[-1] / 2)])
+    top = np.bincount(k.name_id[multi], weights=tail[multi], minlength=len(k.names))
+    ti = int(np.argmax(top))
+    tk = short_kernel_name(str(k.names[ti])) if top[ti] > 0 else ""
+    tw = None
+    if tk:
+        sel = np.flatnonzero(multi & (k.name_id == ti))
+        tw = float(w[sel[np.argmax(k.dur[sel])]])
+    t = float(tail.sum())
+    return [KernelWaves(
+        rank=ctx.rank, sm_count=int(sms), min_kernel_us=MIN_KERNEL_US, kernels_time_us=kernels_time,
+        judged_count=int(judged.sum()), multi_wave_count=int(multi.sum()), multi_wave_time_us=float(k.dur[multi].sum()),
+        tail_idle_time_us=t, tail_idle_ratio=_ratio(t / kernels_time), matmul_tail_idle_time_us=float(tail[mm].sum()),
+        median_waves=med, top_kernel=tk, top_kernel_waves=tw,
+        evidence=Evidence(
+            time_ranges_us=[ctx.span], events=[tk] if tk else [],
+            counts={"multi_wave_kernels": int(multi.sum()), "sms": int(sms)},
+            note="w = blocks / (SMs x resident blocks per SM); resident blocks from threads, registers (256 per "
+                 "warp granule) and shared memory (+1 KB per block from sm80) against the device's per-SM limits; "
+                 "tail idle = duration x (ceil(w) - w) / ceil(w), each wave taken to last as long as the others",
+        ),
+    )]  # fmt: skip
+
+
+# --- element-wise kernels on ATen's generic (strided / broadcast) path ----------------------------------
+def _strided_elementwise(ctx: RankContext, act: _Acts, k: _Acts, launcher: np.ndarray | None) -> list[Fact]:
+    ew = k.cls == _CLS_INDEX["elementwise"]
+    if not ew.any():
+        return []
+    uid, inv = np.unique(k.name_id, return_inverse=True)
+    gen = np.array([bool(_LEGACY.search(str(k.names[i])[:80])) for i in uid], dtype=bool)[inv.reshape(-1)] & ew
+    vec = np.array([("vectorized_elementwise_kernel<" in str(k.names[i])[:80])
+                    or ("unrolled_elementwise_kernel<" in str(k.names[i])[:80]) for i in uid],
+                   dtype=bool)[inv.reshape(-1)] & ew  # fmt: skip
+    if not gen.any():
+        return []
+    _register(ctx, "strided_elementwise", "element-wise kernels on ATen's generic strided path", k, gen)
+    comp = float(k.dur[k.cls != _COMM].sum())
+    et, gt = float(k.dur[ew].sum()), float(k.dur[gen].sum())
+    tk = _top(np.array([short_kernel_name(str(k.names[i])) for i in k.name_id[gen]], dtype=object), k.dur[gen])
+    to = ""
+    ops = ctx.trace.cpu_ops
+    if launcher is not None and len(ops):
+        names_v, ncodes = _cat_apply(ops["name"], str)
+        root = _root(ops["parent"].to_numpy(), ops["depth"].to_numpy())
+        ok = gen & (launcher >= 0)
+        to = _top(names_v[ncodes][root[launcher[ok]]], k.dur[ok]) if ok.any() else ""
+    return [StridedElementwise(
+        rank=ctx.rank, elementwise_time_us=et, generic_time_us=gt, generic_count=int(gen.sum()),
+        vectorized_time_us=float(k.dur[vec].sum()), generic_share_ratio=_ratio(gt / et) if et else 0.0,
+        share_of_device_time_ratio=_ratio(gt / comp) if comp else 0.0, top_kernel=tk, top_operator=to,
+        evidence=Evidence(time_ranges_us=[ctx.span], events=[tk] + ([to] if to else []),
+                          counts={"generic_kernels": int(gen.sum())},
+                          note="element-wise class kernels named elementwise_kernel<...> (ATen's launch with an "
+                               "offset calculator per operand), against vectorized_/unrolled_elementwise_kernel"),
+    )]  # fmt: skip
+
+
+# --- training-mode layers in a forward-only trace ---------------------------------------------------
+_DROPOUT_OPS = frozenset({"aten::native_dropout", "aten::bernoulli_", "aten::_fused_dropout", "aten::feature_dropout",
+                          "aten::alpha_dropout", "aten::_npu_dropout", "aten::npu_dropout_do_mask"})  # fmt: skip
+_BN_TRAIN_KERNELS = ("bn_fw_tr_", "batch_norm_collect_statistics", "batchnormcollectstatistics",
+                     "welford_kernel", "bn_fwd_tr", "batchnormfwdtraining")  # fmt: skip
+# a backward pass: autograd engine nodes, autograd function nodes of any schema (MmBackward0,
+# CudnnConvolutionBackward in 2021 traces) and ATen backward operators (cudnn_batch_norm_backward)
+_BACKWARD = re.compile(r"^autograd::engine::|Backward\d*$|_backward")
+_DROPOUT_KERNELS = ("fused_dropout", "dropout_kernel", "bernoulli", "genbitmask", "dropoutdomask")
+
+
+def _train_mode(ctx: RankContext, act: _Acts, k: _Acts, launcher: np.ndarray | None) -> list[Fact]:
+    ops = ctx.trace.cpu_ops
+    if launcher is None or not len(ops):
+        return []
+    names_v, ncodes = _cat_apply(ops["name"], str)
+    win = _in_windows(ctx, ops["ts"].to_numpy())
+    bwd_v = np.array([bool(_BACKWARD.search(n)) for n in names_v], dtype=bool)
+    nb = int((bwd_v[ncodes] & win).sum())
+    if nb:
+        return []  # a training step: dropout and batch statistics belong to it
+    uid, inv = np.unique(k.name_id, return_inverse=True)
+    low = [str(k.names[i]).lower() for i in uid]
+    bn_k = np.array([any(s in n for s in _BN_TRAIN_KERNELS) for n in low], dtype=bool)[inv.reshape(-1)]
+    dk = np.array([any(s in n for s in _DROPOUT_KERNELS) for n in low], dtype=bool)[inv.reshape(-1)]
+    drop_v = np.array([n in _DROPOUT_OPS for n in names_v], dtype=bool)
+    under = _down(ops["parent"].to_numpy(), ops["depth"].to_numpy(), drop_v[ncodes])
+    ok = launcher >= 0
+    via = ok & under[np.clip(launcher, 0, None)]
+    m = (bn_k | dk | via) & (k.cls != _COMM)
+    if not m.any():
+        return []
+    _register(ctx, "train_mode_kernels", "dropout-mask and batch-statistics kernels of a forward-only run", k, m)
+    # calls: the outermost dropout op of each launch, and the launching op of each batch-statistics kernel
+    dcalls = {int(launcher[i]) for i in np.flatnonzero(m & ok & ~bn_k)}
+    bcalls = {int(launcher[i]) for i in np.flatnonzero(m & ok & bn_k)}
+    t = float(k.dur[m].sum())
+    comp = float(k.dur[k.cls != _COMM].sum())
+    tk = _top(np.array([short_kernel_name(str(k.names[i])) for i in k.name_id[m]], dtype=object), k.dur[m])
+    return [TrainModeInference(
+        rank=ctx.rank, backward_nodes_count=nb, dropout_calls_count=len(dcalls) if dcalls else int((m & ~bn_k).any()),
+        batchnorm_train_calls_count=len(bcalls) if bcalls else int((m & bn_k).any()),
+        train_mode_kernels_count=int(m.sum()), train_mode_time_us=t,
+        share_of_device_time_ratio=_ratio(t / comp) if comp else 0.0, top_kernel=tk,
+        evidence=Evidence(time_ranges_us=[ctx.span], events=[tk], counts={"kernels": int(m.sum())},
+                          note="no autograd::engine backward node in the analysed windows; kernels launched under "
+                               "native_dropout / bernoulli_, dropout kernels and batch-norm training-statistics "
+                               "kernels by name"),
+    )]  # fmt: skip
+
+
+# --- Ascend: Cube operators fed FP32 --------------------------------------------------------------
+_NPU_CUBE_RE = re.compile(r"matmul|batchmatmul|conv|gemm|flashattention|grouped_matmul", re.I)
+_NPU_FP32 = frozenset({"FLOAT", "FLOAT32", "DT_FLOAT", "DT_FLOAT32", "FP32"})
+_NPU_FLOAT16 = frozenset({"FLOAT16", "DT_FLOAT16", "BF16", "DT_BF16", "BFLOAT16", "DT_BFLOAT16", "HALF", "FP16",
+                          "HIFLOAT32", "DT_HIFLOAT32", "HF32"})  # fmt: skip
+
+
+def npu_all_fp32(dtypes: str) -> bool:
+    """True when the task's floating inputs are all FP32 (and there is at least one)."""
+    parts = [p.strip().upper() for p in str(dtypes).replace('"', "").split(";") if p.strip()]
+    fl = [p for p in parts if p in _NPU_FP32 or p in _NPU_FLOAT16]
+    return bool(fl) and all(p in _NPU_FP32 for p in fl)
+
+
+def _npu_fp32_cube(ctx: RankContext, act: _Acts, k: _Acts) -> list[Fact]:
+    kf = ctx.trace.kernels
+    if not _is_ascend(ctx, kf) or "input_dtypes" not in kf.columns:
+        return []
+    from hermes_kb.facts.npu import NpuFp32Cube
+
+    rows = k.row
+    op = kf["op_type"].astype(str).to_numpy()[rows]
+    tt = (kf["task_type"] if "task_type" in kf.columns else kf["core_type"]).astype(str).str.upper().to_numpy()[rows]
+    comp = (k.cls != _COMM) & np.array(["HCCL" not in t and "COMMUNICATION" not in t for t in tt], dtype=bool)
+    cube = comp & np.array([bool(_NPU_CUBE_RE.search(o)) for o in op], dtype=bool) & \
+        np.array(["AI_CPU" not in t and "VECTOR" not in t for t in tt], dtype=bool)  # fmt: skip
+    if not cube.any():
+        return []
+    dts = kf["input_dtypes"].astype(str).to_numpy()[rows]
+    fp32 = cube & np.array([npu_all_fp32(d) for d in dts], dtype=bool)
+    if not fp32.any():
+        return []
+    _register(ctx, "npu_fp32_cube", "Cube (MatMul / Conv) tasks computing in FP32", k, fp32)
+    is_conv = np.array(["conv" in o.lower() for o in op], dtype=bool)
+    hf = None
+    if "hf32_eligible" in kf.columns:
+        col = kf["hf32_eligible"].astype(str).str.upper().to_numpy()[rows]
+        if np.isin(col, ["YES", "NO"]).any():
+            hf = float(k.dur[fp32 & (col == "YES")].sum())
+    t = float(k.dur[fp32].sum())
+    ct = float(k.dur[cube].sum())
+    dc = float(k.dur[comp].sum())
+    types = pd.Series(k.dur[fp32]).groupby(op[fp32]).sum().sort_values(ascending=False)
+    return [NpuFp32Cube(
+        rank=ctx.rank, device_compute_us=dc, cube_us=ct, fp32_cube_count=int(fp32.sum()), fp32_cube_us=t,
+        fp32_cube_ratio=_ratio(t / ct) if ct else 0.0, fp32_share_of_compute_ratio=_ratio(t / dc) if dc else 0.0,
+        matmul_fp32_us=float(k.dur[fp32 & ~is_conv].sum()), conv_fp32_us=float(k.dur[fp32 & is_conv].sum()),
+        hf32_eligible_us=hf, not_hf32_eligible_us=max(0.0, t - (hf or 0.0)),
+        op_types=[str(x) for x in types.index[:8]],
+        evidence=Evidence(time_ranges_us=[ctx.span], events=[str(x) for x in types.index[:3]],
+                          counts={"fp32_cube_tasks": int(fp32.sum())},
+                          note="Cube tasks: op type MatMul / BatchMatMul / Conv / GEMM / FlashAttention not on the AI "
+                               "CPU or the Vector core; FP32 = every floating input FLOAT (Input Data Types)"),
+    )]  # fmt: skip
+
+
+# --- element-wise epilogues after GEMMs ----------------------------------------------------------------
+_EPI_ADD = re.compile(r"functor_add|functoronself_add|addfunctor|add_kernel|\bbias")
+# ReLU runs as clamp_min (launch_clamp_scalar) or threshold in ATen
+_EPI_ACT = re.compile(r"gelu|relu|silu|swish|tanh|sigmoid|hardswish|elu_kernel|mish|clamp_min|launch_clamp_scalar|"
+                      r"threshold_kernel")
+
+
+@lru_cache(maxsize=4096)
+def epilogue_kind(name: str) -> str:
+    """'add', 'activation' or '' for an element-wise kernel, from the functor in its name."""
+    head = name.lower()[:200]
+    if _EPI_ACT.search(head):
+        return "activation"
+    if _EPI_ADD.search(head):
+        return "add"
+    return ""
+
+
+def _gemm_epilogue(ctx: RankContext, act: _Acts, k: _Acts) -> list[Fact]:
+    if _is_ascend(ctx, ctx.trace.kernels) or len(k) < 2:
+        return []
+    uid, inv = np.unique(k.name_id, return_inverse=True)
+    inv = inv.reshape(-1)
+    aux = np.array([tensor_core_kind(str(k.names[i])) == "aux" for i in uid], dtype=bool)[inv]
+    gemm = (k.cls == _CLS_INDEX["gemm"]) & ~aux
+    if not gemm.any():
+        return []
+    kind = np.array([epilogue_kind(str(k.names[i])) for i in uid], dtype=object)[inv]
+    order = np.lexsort((k.ts, k.stream, k.device))
+    nxt = np.full(len(k), -1, dtype=np.int64)  # the next kernel on the same device and stream
+    same = (k.stream[order][1:] == k.stream[order][:-1]) & (k.device[order][1:] == k.device[order][:-1])
+    nxt[order[:-1][same]] = order[1:][same]
+    g = np.flatnonzero(gemm & (nxt >= 0))
+    cand = nxt[g]
+    cand = cand[(k.cls[cand] == _CLS_INDEX["elementwise"]) & (kind[cand] != "")]
+    m = np.zeros(len(k), dtype=bool)
+    m[cand] = True
+    if not m.any():
+        return []
+    _register(ctx, "gemm_epilogues", "element-wise adds and activations run right after a GEMM", k, m)
+    t = float(k.dur[m].sum())
+    gt = float(k.dur[gemm].sum())
+    comp = float(k.dur[k.cls != _COMM].sum())
+    tk = _top(np.array([short_kernel_name(str(k.names[i])) for i in k.name_id[m]], dtype=object), k.dur[m])
+    return [GemmEpilogue(
+        rank=ctx.rank, gemm_count=int(gemm.sum()), gemm_time_us=gt, epilogue_count=int(m.sum()), epilogue_time_us=t,
+        add_time_us=float(k.dur[m & (kind == "add")].sum()),
+        activation_time_us=float(k.dur[m & (kind == "activation")].sum()),
+        share_of_device_time_ratio=_ratio(t / comp) if comp else 0.0,
+        epilogue_to_gemm_ratio=t / gt if gt else 0.0, top_kernel=tk,
+        evidence=Evidence(time_ranges_us=[ctx.span], events=[tk], counts={"epilogue_kernels": int(m.sum())},
+                          note="the kernel right after each GEMM on the same stream, when it is an element-wise "
+                               "add or activation (gelu, relu, silu, tanh, sigmoid) by its functor name"),
+    )]  # fmt: skip
+
+
+# --- Ascend: vector operators over full logits ---------------------------------------------------------
+def first_input_dims(shapes: str) -> list[int] | None:
+    """Axes of the first input in a kernel_details 'Input Shapes' cell ('"4096,1,151936;4096,1,1"')."""
+    first = str(shapes).replace('"', "").split(";")[0].strip()
+    try:
+        dims = [int(x) for x in first.split(",") if x.strip()]
+    except ValueError:
+        return None
+    return dims or None
+
+
+def _npu_vocab_vector(ctx: RankContext, act: _Acts, k: _Acts) -> list[Fact]:
+    kf = ctx.trace.kernels
+    if not _is_ascend(ctx, kf) or "input_shapes" not in kf.columns:
+        return []
+    from hermes_kb.facts.npu import NpuVocabVectorOps
+
+    rows = k.row
+    tt = (kf["task_type"] if "task_type" in kf.columns else kf["core_type"]).astype(str).str.upper().to_numpy()[rows]
+    op = kf["op_type"].astype(str).to_numpy()[rows]
+    comp = (k.cls != _COMM) & np.array(["HCCL" not in t and "COMMUNICATION" not in t for t in tt], dtype=bool)
+    vec = comp & np.array([("VECTOR" in t) or (t == "MIX_AIV") for t in tt], dtype=bool) & \
+        np.array([not _NPU_CUBE_RE.search(o) for o in op], dtype=bool)  # fmt: skip
+    if not vec.any():
+        return []
+    shapes = kf["input_shapes"].astype(str).to_numpy()[rows]
+    dims = [first_input_dims(x) if v else None for x, v in zip(shapes, vec)]
+    m = np.array([d is not None and len(d) >= 2 and d[-1] >= VOCAB_MIN for d in dims], dtype=bool) & vec
+    if not m.any():
+        return []
+    _register(ctx, "npu_vocab_vector_ops", "Vector operators over full language-model logits", k, m)
+    best = max((dims[i] for i in np.flatnonzero(m)), key=lambda d: (int(np.prod(d[:-1])) * d[-1], d[-1]))
+    nrows, vocab = int(np.prod(best[:-1])), int(best[-1])
+    fp32 = np.zeros(len(k), dtype=bool)
+    if "input_dtypes" in kf.columns:
+        dts = kf["input_dtypes"].astype(str).to_numpy()[rows]
+        fp32 = m & np.array([npu_all_fp32(d) if mm else False for d, mm in zip(dts, m)], dtype=bool)
+    t = float(k.dur[m].sum())
+    dc = float(k.dur[comp].sum())
+    types = pd.Series(k.dur[m]).groupby(op[m]).sum().sort_values(ascending=False)
+    return [NpuVocabVectorOps(
+        rank=ctx.rank, device_compute_us=dc, tasks_count=int(m.sum()), time_us=t,
+        share_of_compute_ratio=_ratio(t / dc) if dc else 0.0, fp32_time_us=float(k.dur[fp32].sum()),
+        vocab_size=vocab, rows=nrows, logits_fp32_bytes=float(nrows) * vocab * 4.0,
+        op_types=[str(x) for x in types.index[:8]],
+        evidence=Evidence(time_ranges_us=[ctx.span], events=[str(x) for x in types.index[:4]],
+                          counts={"tasks": int(m.sum())},
+                          note=f"AI Vector / MIX_AIV tasks (not Cube op types) whose first input's last axis is at "
+                               f"least {VOCAB_MIN} (a language-model vocabulary)"),
+    )]  # fmt: skip
+
+
+# --- sorting and top-k -------------------------------------------------------------------------------------
+_SORT = re.compile(r"radixsort|segmentedsort|segmented_sort|bitonicsort|sortkeyvalue|mergesort|sort_kernel|"
+                   r"radixfindkthvalues|gathertopk|sortpostprocess|segmented_bitonic", re.I)
+
+
+@lru_cache(maxsize=4096)
+def is_sort_kernel(name: str) -> bool:
+    return bool(_SORT.search(name[:200]))
+
+
+def _sorts(ctx: RankContext, act: _Acts, k: _Acts, launcher: np.ndarray | None) -> list[Fact]:
+    if _is_ascend(ctx, ctx.trace.kernels):
+        return []
+    uid, inv = np.unique(k.name_id, return_inverse=True)
+    m = np.array([is_sort_kernel(str(k.names[i])) for i in uid], dtype=bool)[inv.reshape(-1)] & (k.cls != _COMM)
+    if not m.any():
+        return []
+    _register(ctx, "sort_kernels", "sort and top-k kernels", k, m)
+    t = float(k.dur[m].sum())
+    comp = float(k.dur[k.cls != _COMM].sum())
+    tk = _top(np.array([short_kernel_name(str(k.names[i])) for i in k.name_id[m]], dtype=object), k.dur[m])
+    ops_list: list[str] = []
+    ops = ctx.trace.cpu_ops
+    if launcher is not None and len(ops):
+        names_v, ncodes = _cat_apply(ops["name"], str)
+        root = _root(ops["parent"].to_numpy(), ops["depth"].to_numpy())
+        ok = m & (launcher >= 0)
+        if ok.any():
+            by = pd.Series(k.dur[ok]).groupby(names_v[ncodes][root[launcher[ok]]]).sum().sort_values(ascending=False)
+            ops_list = [str(x) for x in by.index[:5]]
+    return [SortKernels(
+        rank=ctx.rank, kernels_count=int(m.sum()), time_us=t,
+        share_of_device_time_ratio=_ratio(t / comp) if comp else 0.0,
+        top_kernel=tk, top_operator=ops_list[0] if ops_list else "", operators=ops_list,
+        evidence=Evidence(time_ranges_us=[ctx.span], events=[tk] + ops_list[:2], counts={"sort_kernels": int(m.sum())},
+                          note="CUB radix / segmented sorts, ATen bitonic and segmented sorts, top-k selection "
+                               "kernels by name; operators = top-level operators that launched them"),
+    )]  # fmt: skip

@@ -551,3 +551,90 @@ class SdpaMathFallback(Fact):
     head_dim: int | None = measure("count", "last dimension of q in that call (null: shapes not recorded)", default=None)
     shape: str = Field(default="", description="its input shapes")
     fused_attention_us: float = us("time of fused attention kernels (flash, memory-efficient, cuDNN) on the rank")
+
+
+class KernelWaves(Fact):
+    """Wave quantisation: a kernel's blocks run in waves of (SMs x blocks resident per SM); when the
+    last wave is only partly full, the SMs without a block idle until it ends (NVIDIA traces; the
+    resident blocks come from the launch's threads, registers and shared memory against the
+    device's per-SM limits, as the CUDA occupancy calculator computes them)."""
+
+    kind: Literal["kernel_waves"] = "kernel_waves"
+    sm_count: int = measure("count", "SMs of the device (deviceProperties numSms)")
+    min_kernel_us: float = us("kernels shorter than this are left out (their time is launch latency)")
+    kernels_time_us: float = us("non-communication kernel time in the analysed windows")
+    judged_count: int = measure("count", "kernels of at least min_kernel_us with a grid, block and register count")
+    multi_wave_count: int = measure("count", "of them, those with more blocks than one wave holds")
+    multi_wave_time_us: float = us("their duration")
+    tail_idle_time_us: float = us("sum over them of duration x (ceil(w) - w) / ceil(w), w = blocks / wave size: "
+                                  "the SM time the partial last wave leaves idle")  # fmt: skip
+    tail_idle_ratio: float = ratio("tail_idle_time_us / kernels_time_us")
+    matmul_tail_idle_time_us: float = us("the part of tail_idle_time_us in GEMM, convolution and attention kernels")
+    median_waves: float = measure("count", "time-weighted median of w over the multi-wave kernels", le=None)
+    top_kernel: str = Field(default="", description="the kernel (short name) with the most tail idle time")
+    top_kernel_waves: float | None = measure("count", "w of its longest launch", default=None, le=None)
+
+
+class StridedElementwise(Fact):
+    """Arithmetic element-wise kernels on ATen's generic launch path (``elementwise_kernel<...>`` with
+    an offset calculator per operand), which ATen takes when an operand is not contiguous (a
+    transposed or broadcast view); contiguous operands get the vectorised kernel."""
+
+    kind: Literal["strided_elementwise"] = "strided_elementwise"
+    elementwise_time_us: float = us("element-wise class kernel time (copies and casts are memory class, not here)")
+    generic_time_us: float = us("element-wise kernels on the generic (non-vectorised) path")
+    generic_count: int = measure("count", "such kernels")
+    vectorized_time_us: float = us("element-wise kernels on the vectorised / unrolled contiguous paths")
+    generic_share_ratio: float = ratio("generic_time_us / elementwise_time_us")
+    share_of_device_time_ratio: float = ratio("generic_time_us / non-communication device time")
+    top_kernel: str = Field(default="", description="the generic-path kernel (short name) with the most time")
+    top_operator: str = Field(default="", description="top-level operator that launched most of it")
+
+
+class TrainModeInference(Fact):
+    """A forward-only trace (no autograd backward node runs) whose forward still computes the
+    training behaviour of its layers: dropout masks and batch-norm batch statistics, i.e. the model
+    was not put in eval() mode for inference."""
+
+    kind: Literal["train_mode_inference"] = "train_mode_inference"
+    backward_nodes_count: int = measure("count", "backward operators in the analysed windows: autograd engine and "
+                                        "function nodes (...Backward), ATen *_backward ops (0: forward-only)")
+    dropout_calls_count: int = measure("count", "aten::native_dropout / aten::bernoulli_ calls that launched kernels")
+    batchnorm_train_calls_count: int = measure("count", "batch-norm calls that launched batch-statistics kernels")
+    train_mode_kernels_count: int = measure("count", "kernels of dropout masks and batch statistics")
+    train_mode_time_us: float = us("their summed duration")
+    share_of_device_time_ratio: float = ratio("train_mode_time_us / non-communication device time")
+    top_kernel: str = Field(default="", description="the train-mode kernel (short name) with the most time")
+
+
+class GemmEpilogue(Fact):
+    """Element-wise kernels (a bias or residual add, an activation) that run right after a GEMM on the
+    same stream: work a GEMM epilogue applies to each output tile before it is stored, done instead
+    as a separate pass that reads and writes the whole output again."""
+
+    kind: Literal["gemm_epilogue"] = "gemm_epilogue"
+    gemm_count: int = measure("count", "GEMM kernels (helpers such as split-K reductions excluded)")
+    gemm_time_us: float = us("their summed duration")
+    epilogue_count: int = measure("count", "element-wise kernels directly after a GEMM on the same stream that add, "
+                                  "or apply an activation (gelu, relu, silu, tanh, sigmoid)")  # fmt: skip
+    epilogue_time_us: float = us("their summed duration")
+    add_time_us: float = us("the part in adds (bias, residual)")
+    activation_time_us: float = us("the part in activations")
+    share_of_device_time_ratio: float = ratio("epilogue_time_us / non-communication device time")
+    epilogue_to_gemm_ratio: float = measure("ratio", "epilogue_time_us / gemm_time_us", le=None)
+    top_kernel: str = Field(default="", description="the epilogue kernel (short name) with the most time")
+
+
+class SortKernels(Fact):
+    """Sorting and selection kernels (CUB radix sorts, ATen's bitonic / segmented sorts, top-k) in the
+    step: torch.sort / argsort / unique / topk, and the sorts inside deterministic index_put / scatter
+    and embedding backward."""
+
+    kind: Literal["sort_kernels"] = "sort_kernels"
+    kernels_count: int = measure("count", "sort and top-k kernels in the analysed windows")
+    time_us: float = us("their summed duration")
+    share_of_device_time_ratio: float = ratio("time_us / non-communication device time")
+    top_kernel: str = Field(default="", description="the sort kernel (short name) with the most time")
+    top_operator: str = Field(default="", description="top-level operator that launched most of it")
+    operators: list[str] = Field(default_factory=list,
+                                 description="top-level operators launching sorts, most time first")

@@ -314,3 +314,41 @@ class NpuHcclLinks(Fact):
     hccl_algo: str | None = Field(default=None, description="HCCL_ALGO when set")
     world_size: int | None = measure("count", "ranks in the job as recorded; RDMA time of a multi-server job includes inter-server traffic", default=None)  # fmt: skip
     steps: list[HcclLinkStep] = Field(default_factory=list, description="per analysed step")
+
+
+class NpuFp32Cube(Fact):
+    """Cube-unit operators (MatMul, BatchMatMul, Conv, ...) fed FP32 inputs: the Cube multiplies
+    FP16/BF16 (and HF32 where enabled) natively, so FP32 work runs far below its peak (Ascend)."""
+
+    kind: Literal["npu_fp32_cube"] = "npu_fp32_cube"
+    device_compute_us: float = us("non-HCCL device task time in the analysed windows")
+    cube_us: float = us("Cube operator time (op type matches MatMul / BatchMatMul / Conv / GEMM / FlashAttention)")
+    fp32_cube_count: int = measure("count", "Cube tasks whose floating inputs are all FP32 (FLOAT)")
+    fp32_cube_us: float = us("their summed duration")
+    fp32_cube_ratio: float = ratio("fp32_cube_us / cube_us")
+    fp32_share_of_compute_ratio: float = ratio("fp32_cube_us / device_compute_us")
+    matmul_fp32_us: float = us("the part in MatMul / BatchMatMul / GEMM tasks (torch_npu.npu.matmul.allow_hf32 "
+                               "is off by default)")  # fmt: skip
+    conv_fp32_us: float = us("the part in Conv tasks (torch_npu.npu.conv.allow_hf32 is on by default)")
+    hf32_eligible_us: float | None = us("of fp32_cube_us, tasks the profiler marks HF32 Eligible YES (null: column "
+                                        "absent)", default=None)  # fmt: skip
+    not_hf32_eligible_us: float = us("fp32_cube_us less hf32_eligible_us: FP32 work that HF32 cannot already be "
+                                     "running (with conv.allow_hf32 on, eligible convolutions may run in HF32)")
+    op_types: list[str] = Field(default_factory=list, description="op types of the FP32 Cube tasks, most time first")
+
+
+class NpuVocabVectorOps(Fact):
+    """Vector-core operators over full language-model logits (first input's last axis at least a
+    vocabulary, 32768): a softmax / cross-entropy written out as separate Cast, max, Sub, Exp,
+    ReduceSum, RealDiv, Mul passes, each reading and writing the whole logits tensor (Ascend)."""
+
+    kind: Literal["npu_vocab_vector_ops"] = "npu_vocab_vector_ops"
+    device_compute_us: float = us("non-HCCL device task time in the analysed windows")
+    tasks_count: int = measure("count", "AI Vector / MIX_AIV tasks whose first input's last axis >= 32768")
+    time_us: float = us("their summed duration")
+    share_of_compute_ratio: float = ratio("time_us / device_compute_us")
+    fp32_time_us: float = us("the part whose floating inputs are all FP32")
+    vocab_size: int = measure("count", "the largest such last axis")
+    rows: int = measure("count", "rows of the largest such input (product of its other axes)")
+    logits_fp32_bytes: float = measure("bytes", "rows x vocab x 4: one FP32 pass over the logits")
+    op_types: list[str] = Field(default_factory=list, description="op types of these tasks, most time first")

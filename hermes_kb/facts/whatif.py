@@ -22,7 +22,8 @@ TARGETS = frozenset({
     # computation (analyzers/kernels.py, the per-kernel compute analysis)
     "small_grid", "misaligned_gemms", "dtype_casts", "strided_copies", "concat_copies", "layout_transposes",
     "optimizer_kernels", "recompute", "fp64_kernels", "embedding_backward", "large_vocab_loss", "grad_scaler",
-    "conv_fallback", "npu_cube_misaligned", "npu_fa_misaligned", "sdpa_math",
+    "conv_fallback", "npu_cube_misaligned", "npu_fa_misaligned", "sdpa_math", "wave_tail",
+    "strided_elementwise", "train_mode_kernels", "npu_fp32_cube", "index_kernels", "fill_kernels", "gemm_epilogues", "npu_vocab_vector_ops", "sort_kernels",
 })  # fmt: skip
 CLASS_TARGETS = frozenset({"gemm", "conv", "attention", "elementwise", "reduction", "norm", "memory", "communication",
                            "other"})  # fmt: skip
