@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from hermes_kb.facts.base import Evidence
-from hermes_kb.facts.comm import CommStats, CommSummary, CommSyncWait
+from hermes_kb.facts.comm import CommStats, CommSummary, CommSyncWait, CommTransferStall
 
 from . import intervals as iv
 from .context import RankContext
@@ -164,7 +164,11 @@ def group_link(ctx: RankContext, ranks: list[int], n: int | None) -> tuple[str, 
     trace), else 'unknown' (inter-node: the NIC is not recorded)."""
     meta = ctx.trace.meta
     link = device_link(meta.device_name)
-    node = max(len(meta.device_properties), 1)
+    if len(meta.device_properties) < 2:
+        # one device listed (torch_npu's metadata, CUDA_VISIBLE_DEVICES of one GPU) or none: the
+        # number of devices per node is not known, so neither is whether the group leaves the node
+        return "unknown (devices per node not recorded)", None
+    node = len(meta.device_properties)
     if ranks:
         intra = len({r // node for r in ranks}) == 1
     else:
@@ -274,8 +278,9 @@ def _group_ranks(ctx: RankContext, pg_name: str, pg_ranks: str) -> list[int]:
 
 def per_rank(ctx: RankContext) -> list:
     df = rank_collectives(ctx)
+    stage = pipeline_stage(ctx)
     if not len(df):
-        return []
+        return [stage] if stage is not None else []
     device = ctx.trace.meta.device_name
     cu = compute_union(ctx)
     ts, end, dur = df["ts"].to_numpy(float), df["end"].to_numpy(float), df["dur"].to_numpy(float)
@@ -348,16 +353,19 @@ def per_rank(ctx: RankContext) -> list:
         # a CPU op's duration is the transfer time only for blocking (gloo) collectives; NCCL's CPU
         # op just enqueues. A one-rank group transfers nothing.
         timed = kernel or (ctx.trace.meta.backend or "").lower() == "gloo"
-        if sized_n and row.sized_dur > 0 and timed and n is not None and n > 1:
-            algbw = float(row.bytes) / float(row.sized_dur) / 1e3  # bytes/µs -> GB/s
-            busbw = algbw * factor
-            if row.mib:
-                best = float(row.best_bw) * factor
+        if sized_n and row.sized_dur > 0 and timed and (n is None or n > 1):
+            algbw = float(row.bytes) / float(row.sized_dur) / 1e3  # bytes/µs -> GB/s (needs no group size)
+            if n is not None:
+                busbw = algbw * factor
+                if row.mib:
+                    best = float(row.best_bw) * factor
         link_name, link = group_link(ctx, ranks, n) if kernel else (UNKNOWN_LINK, None)
         peak = link.peak_gbps if link is not None else None
         to_peak = min(busbw / peak, 1.0) if busbw is not None and peak else None
         best_to_peak = min(best / peak, 1.0) if best is not None and peak else None
-        if algbw is not None:
+        if algbw is not None and busbw is None:
+            note = "group size unknown: algbw = bytes / duration only (busbw needs the group size)"
+        elif algbw is not None:
             note = (
                 "exposed = duration minus overlap with the union of non-communication kernels; "
                 f"algbw = bytes / duration, busbw = algbw x {factor:.3g} (NCCL factor for {row.kind}, n={n})"
@@ -390,6 +398,8 @@ def per_rank(ctx: RankContext) -> list:
                 max_us=float(row.max),
                 exposed_us=float(row.exposed) if kernel else None,
                 exposed_ratio=_ratio(row.exposed, row.time) if kernel else None,
+                time_share_ratio=_ratio(row.time, ctx.windows_us) if ctx.windows_us > 0 else None,
+                exposed_share_ratio=_ratio(row.exposed, ctx.windows_us) if kernel and ctx.windows_us > 0 else None,
                 sizes_known=sized_n == int(row.count),
                 sized_count=sized_n,
                 total_bytes=int(row.bytes) if sized_n else None,
@@ -416,7 +426,38 @@ def per_rank(ctx: RankContext) -> list:
             )
         )
     facts.append(_summary(ctx, df, cu, device))
+    if stage is not None:
+        facts.append(stage)
     return facts
+
+
+PIPELINE_GROUP = re.compile(r"^(pp|pipe)$|pipeline", re.I)
+
+
+def pipeline_stage(ctx: RankContext):
+    """The rank's stage in the first recorded process group named like a pipeline group ('pp',
+    'pipe', or containing 'pipeline': MindSpeed / Megatron names), from the trace's process-group
+    table; None when there is none, it has one rank, or this rank is not in it."""
+    from hermes_kb.facts.parallel import PipelineStage
+
+    for pg in ctx.trace.meta.process_groups:
+        desc, name = str(pg.get("pg_desc") or ""), str(pg.get("pg_name") or "")
+        if not (PIPELINE_GROUP.search(desc) or PIPELINE_GROUP.search(name)):
+            continue
+        raw = pg.get("ranks") or []
+        try:
+            ranks = _parse_ranks(raw) if isinstance(raw, str) else [int(r) for r in raw]
+        except (TypeError, ValueError):
+            continue  # a rank list that is not one: no stage
+        if len(ranks) < 2 or len(set(ranks)) != len(ranks) or ctx.rank not in ranks:
+            continue
+        return PipelineStage(
+            rank=ctx.rank, process_group=name, pg_desc=desc or None, pp_ranks=ranks,
+            stage_index=ranks.index(ctx.rank), stages_count=len(ranks),
+            evidence=Evidence(note="from the trace's process-group table (distributedInfo pg_config, or torch_npu "
+                                   "metadata parallel_group_info); stage = position of the rank in the group's ranks"),
+        )  # fmt: skip
+    return None
 
 
 def _register(ctx: RankContext, df: pd.DataFrame, is_kernel: np.ndarray) -> None:
@@ -482,13 +523,13 @@ def _summary(ctx: RankContext, df: pd.DataFrame, cu: iv.Intervals, device: str |
 # ---------------------------------------------------------------- cross rank
 
 
-def _instances(contexts: dict[int, RankContext]) -> pd.DataFrame:
+def _instances(digests: dict) -> pd.DataFrame:
     parts = []
-    for r, ctx in contexts.items():
-        df = rank_collectives(ctx)
+    for r, dg in digests.items():
+        df = dg.collectives
         if not len(df):
             continue
-        d = df[["pg", "pg_ranks", "kind", "source", "step", "ts", "dur", "seq", "n", "name"]].copy()
+        d = df[["pg", "pg_ranks", "kind", "source", "step", "ts", "dur", "seq", "n", "name", "msg_bytes"]].copy()
         d["rank"] = r
         d["occ"] = d.groupby(["pg", "pg_ranks", "kind", "source", "step"], sort=False).cumcount()
         parts.append(d)
@@ -497,10 +538,14 @@ def _instances(contexts: dict[int, RankContext]) -> pd.DataFrame:
     return pd.concat(parts, ignore_index=True)
 
 
-def cross_rank(contexts: dict[int, RankContext], facts: list) -> list:
+def cross_rank(contexts: dict, facts: list) -> list:
+    """Sync waits per (group, kind), from the ranks' contexts or digests (rank_digest.py)."""
+    from .rank_digest import as_digests
+
     if len(contexts) < 2:
         return []
-    df = _instances(contexts)
+    digests = as_digests(contexts)
+    df = _instances(digests)
     if not len(df):
         return []
     out = []
@@ -511,11 +556,22 @@ def cross_rank(contexts: dict[int, RankContext], facts: list) -> list:
             continue
         by_seq = bool((grp["seq"] >= 0).all())
         inst_cols = ["seq"] if by_seq else ["step", "occ"]
-        fact = _sync_wait(key, grp, inst_cols, ranks_present, "seq" if by_seq else "step_order", contexts)
+        fact = _sync_wait(key, grp, inst_cols, ranks_present, "seq" if by_seq else "step_order")
         if fact is not None:
             out.append(fact)
     out.sort(key=lambda f: -f.wait_total_us)
-    return out[:MAX_GROUP_FACTS]
+    out = out[:MAX_GROUP_FACTS]
+    stalls = []
+    for key, grp in df.groupby(keys, sort=False):
+        ranks_present = sorted(grp["rank"].unique().tolist())
+        if len(ranks_present) < 2:
+            continue
+        by_seq = bool((grp["seq"] >= 0).all())
+        others = df.loc[~df.index.isin(grp.index), ["rank", "ts", "dur"]]
+        stalls.extend(_transfer_stall(key, grp, ["seq"] if by_seq else ["step", "occ"], ranks_present, digests,
+                                      others))  # fmt: skip
+    stalls.sort(key=lambda f: -f.excess_us)
+    return out + stalls[: MAX_GROUP_FACTS * len(contexts)]
 
 
 def _sync_wait(
@@ -524,7 +580,6 @@ def _sync_wait(
     inst_cols: list[str],
     ranks: list[int],
     matched_by: str,
-    contexts: dict[int, RankContext],
 ) -> CommSyncWait | None:
     pg, pg_ranks, kind, source = key
     g = grp.copy()
@@ -596,3 +651,109 @@ def _sync_wait(
             ),
         ),
     )
+
+
+# ------------------------------------------------------- transfer after arrival
+
+STALL_MIN_BYTES = 8 * MIB  # from here bandwidth, not latency, dominates a collective (as C-COMM-004)
+STALL_RATIO = 0.25  # an instance below a quarter of the group's own best rate stalls
+END_SPREAD = 0.1  # median spread of an instance's end across ranks, over the median post-arrival time
+END_SPREAD_MIN_US = 50.0
+
+
+def _transfer_stall(key, grp: pd.DataFrame, inst_cols: list[str], ranks: list[int],
+                    digests: dict, others: pd.DataFrame) -> list[CommTransferStall]:  # fmt: skip
+    """Per rank: each matched instance's time after the last rank arrived (its latest start),
+    its rate bytes / that time, against the best rate of the group's sized instances (every
+    rank); instances below STALL_RATIO x best stall, and their time beyond bytes / best is the
+    excess. Concurrency: the part of the stalled windows during which another collective of the
+    rank (another group or kind: ``others``, rows of ``_instances``) runs. Reads the digests
+    only (rank_digest.py)."""
+    pg, pg_ranks, kind, source = key
+    g = grp.copy()
+    g["inst"] = g.groupby(inst_cols, sort=False).ngroup()
+    full = g.groupby("inst")["rank"].transform("nunique").to_numpy() == len(ranks)
+    g = g[full].drop_duplicates(["inst", "rank"])
+    if not len(g):
+        return []
+    g["end"] = g["ts"] + g["dur"]
+    last = g.groupby("inst")["ts"].transform("max").to_numpy()
+    g["post_start"] = np.maximum(last, g["ts"].to_numpy())
+    g["post"] = np.maximum(g["end"].to_numpy() - last, 0.0)
+    # a collective ends at about the same time on every rank; when the ends drift apart by more
+    # than END_SPREAD of the post-arrival time, the ranks' clocks are not comparable (traces of
+    # different nodes) and arrival order cannot be read from them
+    ends = g.groupby("inst")["end"]
+    spread = float(np.median((ends.max() - ends.min()).to_numpy()))
+    if spread > max(END_SPREAD * float(np.median(g["post"].to_numpy())), END_SPREAD_MIN_US):
+        return []
+    g["arrive_wait"] = last - g["ts"].to_numpy()
+    size = g["msg_bytes"].to_numpy(float)
+    sized = (size >= STALL_MIN_BYTES) & (g["post"].to_numpy() > 0)
+    g["sized"] = sized
+    g["rate"] = np.where(sized, size / np.maximum(g["post"].to_numpy(), 1e-9) / 1e3, np.nan)  # GB/s
+    if sized.sum() < 2 or g.loc[sized, "inst"].nunique() < 2:
+        return []
+    best_row = g.loc[g["rate"].idxmax()]
+    best = float(best_row["rate"])
+    g["stalled"] = sized & (g["rate"].to_numpy() < STALL_RATIO * best)
+    # a fact for each rank with a stalled instance only: at thousands of ranks the others say nothing
+    g = g[g["rank"].isin(g.loc[g["stalled"], "rank"].unique())]
+    if not len(g):
+        return []
+    g["excess"] = np.where(g["stalled"], np.maximum(g["post"] - g["msg_bytes"] / (best * 1e3), 0.0), 0.0)
+    g["st_post"] = np.where(g["stalled"], g["post"], 0.0)
+    g["st_bytes"] = np.where(g["stalled"], g["msg_bytes"], 0)
+    per = g.groupby("rank", sort=True)
+    agg = per.agg(instances=("inst", "nunique"), sized=("sized", "sum"), stalled=("stalled", "sum"),
+                  post=("post", "sum"), wait=("arrive_wait", "sum"), excess=("excess", "sum"),
+                  st_post=("st_post", "sum"), st_bytes=("st_bytes", "sum"), name=("name", "first"))  # fmt: skip
+    agg["median"] = g[g["sized"]].groupby("rank")["rate"].median()
+    st = g[g["stalled"]]
+    worst = st.loc[st.groupby("rank")["post"].idxmax()].set_index("rank")
+    agg["concurrent"] = _concurrent(st, others)
+    out = []
+    for r, a in agg.iterrows():
+        dg = digests[int(r)]
+        w = worst.loc[r]
+        analysed = float(sum(x.end_us - x.start_us for x in dg.windows))
+        stalled_us, stalled_bytes, excess = float(a["st_post"]), int(a["st_bytes"]), float(a["excess"])
+        concurrent = min(float(a["concurrent"]), stalled_us)
+        out.append(CommTransferStall(
+            rank=int(r), process_group=pg, group_ranks=ranks, collective=kind, source=source,
+            instances_count=int(a["instances"]), sized_count=int(a["sized"]), min_bytes=STALL_MIN_BYTES,
+            post_arrival_us=float(a["post"]), arrival_wait_us=float(a["wait"]),
+            best_gbps=best, best_bytes=int(best_row["msg_bytes"]), median_gbps=float(a["median"]),
+            stall_ratio_threshold=STALL_RATIO, stalled_count=int(a["stalled"]), stalled_us=stalled_us,
+            stalled_bytes=stalled_bytes, stalled_gbps=stalled_bytes / stalled_us / 1e3 if stalled_us > 0 else None,
+            excess_us=excess, stalled_concurrent_us=concurrent,
+            stalled_concurrent_ratio=_ratio(concurrent, stalled_us) if stalled_us > 0 else 0.0,
+            worst_us=float(w["post"]),
+            worst_bytes=int(w["msg_bytes"]),
+            analysed_us=analysed, excess_share_ratio=_ratio(excess, analysed),
+            evidence=Evidence(
+                time_ranges_us=[(float(w["post_start"]), float(w["end"]))],
+                events=[str(a["name"])],
+                counts={"instances": int(a["instances"]), "sized": int(a["sized"]), "stalled": int(a["stalled"])},
+                note=(f"post-arrival time = end on this rank - latest start among ranks {ranks}; rate = bytes / "
+                      f"post-arrival time for instances of >= {STALL_MIN_BYTES // MIB} MiB; stalled below "
+                      f"{STALL_RATIO:g} x the best rate ({best:.1f} GB/s, {int(best_row['msg_bytes'])} B); "
+                      "time range = the slowest stalled instance after arrival"),
+            ),
+        ))  # fmt: skip
+    return out
+
+
+def _concurrent(st: pd.DataFrame, others: pd.DataFrame) -> pd.Series:
+    """Per rank: length of the stalled post-arrival windows ``st`` (rank, post_start, end) covered
+    by the union of that rank's other collectives (rank, ts, dur), without a loop over ranks."""
+    o = others[others["rank"].isin(st["rank"].unique())]
+    if not len(o):
+        return pd.Series(0.0, index=pd.Index(sorted(st["rank"].unique()), name="rank"))
+    o = o.assign(end=o["ts"] + o["dur"]).sort_values(["rank", "ts"], kind="stable")
+    prev_end = o.groupby("rank")["end"].cummax().groupby(o["rank"]).shift()
+    new = prev_end.isna().to_numpy() | (o["ts"].to_numpy() > prev_end.fillna(-np.inf).to_numpy())
+    seg = o.assign(seg=np.cumsum(new)).groupby("seg").agg(rank=("rank", "first"), s=("ts", "min"), e=("end", "max"))
+    m = st[["rank", "post_start", "end"]].merge(seg, on="rank")
+    m["ov"] = np.clip(np.minimum(m["end"], m["e"]) - np.maximum(m["post_start"], m["s"]), 0.0, None)
+    return m.groupby("rank")["ov"].sum().reindex(sorted(st["rank"].unique()), fill_value=0.0)

@@ -199,7 +199,8 @@ def per_rank(ctx: RankContext) -> list:
     return out
 
 
-def cross_rank(contexts: dict[int, RankContext], facts: list) -> list:
+def cross_rank(contexts: dict, facts: list) -> list:
+    """From the ranks' contexts or digests (rank_digest.py): only their step windows are read."""
     series = {r: _series(ctx) for r, ctx in contexts.items() if ctx.windows}
     if len(series) < 2:
         return []

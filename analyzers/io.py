@@ -53,6 +53,24 @@ WAIT_PY = re.compile(
     r"|threading\.py\(\d+\): (wait|_wait_for_tstate_lock|join)"
     r"|<built-in (method|function) (acquire|poll|select|epoll|wait|_wait)\b|<method 'acquire' of"
 )
+# Python frames of archive members being read and decompressed (zip / tar / gzip / bz2 / lzma / zlib)
+ARCHIVE_PY = re.compile(
+    r"(^|/)(zipfile|tarfile|gzip|bz2|lzma)(/__init__)?\.py\(|(^|/)zipfile/_path"
+    r"|<built-in (method|function) (decompress|flush)\b.*\b(zlib|_bz2|_lzma|zstd|lz4)"
+    r"|<method '(decompress|flush)' of '(zlib|_bz2|_lzma)"
+)
+# image decoding on the CPU (PIL's decoders, OpenCV, torchvision's CPU decoders, imageio)
+DECODE_PY = re.compile(
+    r"PIL/ImageFile\.py\(\d+\): load\b|<method 'decode' of 'ImagingDecoder'|<built-in (function|method) imdecode\b"
+    r"|torchvision/io/image\.py\(\d+\): (decode_jpeg|decode_image|decode_png|read_image)\b"
+    r"|(^|/)imageio/.*\.py\(\d+\): (imread|read)\b"
+)
+# a file being opened (builtin open(), io.open) and the metadata calls around it
+OPEN_CALL_PY = re.compile(r"<built-in (function|method) open\b|<built-in function io\.open\b")
+OPEN_PY = re.compile(
+    r"<built-in (function|method) (open|stat|lstat|exists|isfile|isdir)\b|<built-in function io\.open\b"
+    r"|pathlib\.py\(\d+\): (open|stat|exists|is_file|is_dir)\b|genericpath\.py\(\d+\): (exists|isfile|isdir)\b"
+)
 MULTI_ITER = "_MultiProcessingDataLoaderIter"
 SINGLE_ITER = "_SingleProcessDataLoaderIter"
 GC_NAME = "Python GC"
@@ -312,6 +330,23 @@ def _dataloader(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
             )
             top_py = [NamedTime(name=str(n), time_us=float(r.t), count=int(r.n)) for n, r in agg.iterrows()]
 
+    # archive members and file opens inside the iterator (Python frames: with_stack=True)
+    archive = np.zeros(len(steps))
+    decode = np.zeros(len(steps))
+    open_t = np.zeros(len(steps))
+    opens = np.zeros(len(steps))
+    if len(py):
+        inl = on_tids(py, ltids) & iv.covered_by(py["ts"].to_numpy(), loader)
+        pts, pend = py["ts"].to_numpy(float), py["end"].to_numpy(float)
+        for arr, rx in ((archive, ARCHIVE_PY), (decode, DECODE_PY), (open_t, OPEN_PY)):
+            m = inl & name_mask(py["name"], rx)
+            if m.any():
+                arr += lengths(ws, we, iv.intersect(loader, iv.union(pts[m], pend[m])))
+        m = inl & name_mask(py["name"], OPEN_CALL_PY)
+        if m.any():
+            pos, ok = step_pos(steps, ctx.step_of(pts[m]))
+            np.add.at(opens, pos[ok], 1.0)
+
     # host-to-device copies of each step: the host time of the calls that issued them is what the
     # loop waits for ("fetching"); their device time is reported beside it
     h2d_host = np.zeros(len(steps))
@@ -365,6 +400,9 @@ def _dataloader(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
             data_share_ratio=div(total, step_us), fetching_ratio=div(comp["fetching"], step_us),
             classification=cls, classification_ratio=div(comp[best], total) if cls != "undetermined" else div(comp["unattributed"], total),
             top_python=top,
+            archive_us=s(archive), archive_ratio=div(s(archive), w_us), file_opens_count=int(s(opens)),
+            opens_per_call=s(opens) / calls if calls else 0.0, open_us=s(open_t),
+            open_ratio=div(s(open_t), w_us), decode_us=s(decode), decode_ratio=div(s(decode), w_us),
             evidence=Evidence(
                 time_ranges_us=ranges,
                 events=sorted({str(n) for n in dl["name"].to_numpy()[np.isin(step_of_call, steps[idx])]})[:5],

@@ -356,7 +356,36 @@ def _spike_facts(rank: int, s: _Series) -> list[MonitorSpikes]:
     return out
 
 
-def _env_facts(rank: int, log: RankLog, s: _Series, device: str) -> list[MonitorEnvSetting]:
+# NCCL variables that override its own choice of algorithm, protocol, channels and buffers; NCCL's
+# documentation advises leaving them unset outside debugging or a measured workaround
+NCCL_TUNING = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_MIN_CTAS",
+               "NCCL_MAX_CTAS", "NCCL_NTHREADS", "NCCL_BUFFSIZE")  # fmt: skip
+# the software versions compared across the ranks of a run
+VERSION_KEYS = ("torch", "cuda", "nccl", "torch_npu", "cann", "python")
+
+
+def majority_versions(run) -> dict[str, str]:
+    """The most common value of each VERSION_KEYS entry over the run's ranks (ties: the smallest
+    string), for the keys at least two ranks record."""
+    seen: dict[str, list[str]] = defaultdict(list)
+    for x in run.ranks.values():
+        for k, v in ((x.environment or {}).get("versions") or {}).items():
+            if k in VERSION_KEYS and v not in (None, ""):
+                seen[k].append(str(v))
+    out = {}
+    for k, vals in seen.items():
+        if len(vals) >= 2:
+            counts: dict[str, int] = defaultdict(int)
+            for v in vals:
+                counts[v] += 1
+            out[k] = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0][0]
+    return out
+
+
+def _env_facts(rank: int, log: RankLog, s: _Series, device: str, hosts: int | None = None,
+               majority: dict[str, str] | None = None) -> list[MonitorEnvSetting]:  # fmt: skip
+    """``hosts``: distinct hostnames of the run's ranks (None when not recorded); ``majority``:
+    the versions most ranks of the run record (majority_versions)."""
     env = log.environment or {}
     var = {str(k): str(v) for k, v in (env.get("env") or {}).items()}
     step = float(s.wall.mean())
@@ -379,11 +408,29 @@ def _env_facts(rank: int, log: RankLog, s: _Series, device: str) -> list[Monitor
     for name, bad in debug.items():
         if name in var and bad(var[name]):
             found.append(("debug_logging", name, var[name], host))
+    # the collectives' time per step bounds what a faster transport can give back: peer-to-peer
+    # matters inside a node, InfiniBand only between nodes (a run on one host never uses it)
+    comm_ok = ~np.isnan(s.comm)
+    comm = float(np.median(s.comm[comm_ok])) if comm_ok.sum() >= max(3, len(s) // 2) else 0.0
+    multi = hosts is not None and hosts > 1
+    bounds = {"p2p_disabled": comm, "ib_disabled": comm if multi else 0.0}
     for name, issue in (("NCCL_P2P_DISABLE", "p2p_disabled"), ("NCCL_IB_DISABLE", "ib_disabled"),
                         ("HCCL_INTRA_ROCE_ENABLE", "hccl_intra_link_forced"),
                         ("HCCL_INTRA_PCIE_ENABLE", "hccl_intra_link_forced")):  # fmt: skip
         if var.get(name, "").strip().lower() in TRUE:
-            found.append((issue, name, var[name], 0.0))
+            found.append((issue, name, var[name], bounds.get(issue, 0.0)))
+    tuned = [n for n in NCCL_TUNING if var.get(n, "").strip()]
+    if tuned:
+        found.append(("nccl_tuning_overridden", ",".join(tuned), ",".join(f"{n}={var[n].strip()}" for n in tuned), comm))
+    for name in ("NCCL_NET_GDR_LEVEL", "NCCL_IB_GDR_LEVEL"):  # LOC (0): never GPUDirect RDMA
+        if var.get(name, "").strip().upper() in ("LOC", "0"):
+            found.append(("gdr_disabled", name, var[name], comm if multi else 0.0))
+            break
+    mine = {k: str(v) for k, v in ((env.get("versions") or {}).items()) if k in VERSION_KEYS and v not in (None, "")}
+    differ = sorted(k for k, v in (majority or {}).items() if k in mine and mine[k] != v)
+    if differ:
+        found.append(("versions_differ", ",".join(differ),
+                      "; ".join(f"{k} {mine[k]} (most ranks {majority[k]})" for k in differ), 0.0))  # fmt: skip
     omp = var.get("OMP_NUM_THREADS", "")
     usable = len(env["affinity"]) if isinstance(env.get("affinity"), list) else env.get("cpu_count")
     if omp.isdigit() and isinstance(usable, int) and int(omp) > usable:
@@ -622,6 +669,9 @@ def monitor_facts(run: RunLog) -> list[Fact]:
     notes = read_notes(run)
     end = run_warmup_end(notes)
     waits: dict[int, float] = {}
+    names = [(x.environment or {}).get("hostname") for x in run.ranks.values()]
+    hosts = len(set(names)) if names and all(names) else None
+    majority = majority_versions(run)
     for r in sorted(run.ranks):
         log = run.ranks[r]
         s = _Series(log, notes.get(r), end)
@@ -636,7 +686,7 @@ def monitor_facts(run: RunLog) -> list[Fact]:
                 waits[r] = cpu.runqueue_wait_us
         if (pf := _fault_fact(r, s)) is not None:
             facts.append(pf)
-        facts.extend(_env_facts(r, log, s, _device(log)))
+        facts.extend(_env_facts(r, log, s, _device(log), hosts, majority))
     for group, ranks in _domains(run, notes).items():
         f = _slow_rank(group, {r: series[r] for r in ranks if r in series}, waits)
         if f is not None:
@@ -660,6 +710,9 @@ def summary_of(run: RunLog, captured: dict[int, Any] | None = None) -> list[dict
     out = []
     notes = read_notes(run)
     end = run_warmup_end(notes)
+    names = [(x.environment or {}).get("hostname") for x in run.ranks.values()]
+    hosts = len(set(names)) if names and all(names) else None
+    majority = majority_versions(run)
     for r in sorted(run.ranks):
         log = run.ranks[r]
         s = _Series(log, notes.get(r), end)

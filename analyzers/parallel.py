@@ -24,10 +24,10 @@ import numpy as np
 import pandas as pd
 
 from hermes_kb.facts.base import Evidence
-from hermes_kb.facts.parallel import PipelineBubble, RankImbalance
+from hermes_kb.facts.parallel import PipelineBubble, PipelineStageBalance, RankImbalance
 
 from . import intervals as iv
-from .comm import _parse_ranks, compute_union, rank_collectives
+from .comm import _parse_ranks, compute_union
 from .context import RankContext
 
 MAX_GROUPS = 10
@@ -86,9 +86,13 @@ def has_device_compute(ctx: RankContext) -> bool:
     return len(compute_union(ctx)[0]) > 0
 
 
-def cross_rank(contexts: dict[int, RankContext], facts: list) -> list:
-    comps = {r: rank_components(ctx) for r, ctx in contexts.items() if ctx.windows}
-    with_compute = {r for r in comps if has_device_compute(contexts[r])}
+def cross_rank(contexts: dict, facts: list) -> list:
+    """From the ranks' contexts or their digests (rank_digest.py: what this reads of a rank)."""
+    from .rank_digest import as_digests
+
+    digests = as_digests(contexts)
+    comps = {r: d.components for r, d in digests.items() if d.windows and d.components is not None}
+    with_compute = {r for r in comps if digests[r].device_compute}
     out: list = []
     if len(comps) >= 2:
         ranks = sorted(comps)
@@ -98,24 +102,61 @@ def cross_rank(contexts: dict[int, RankContext], facts: list) -> list:
             f = _imbalance(comps, use, comp, col, None) if len(use) >= 2 else None
             if f is not None:
                 out.append(f)
-        for name, members in _subgroups(contexts, set(ranks)):
+        for name, members in _subgroups(digests, set(ranks)):
             for comp, col in COMPONENTS[1::2]:  # compute and non_communication: who the group waits for
                 use = [r for r in members if r in with_compute] if comp == "compute" else members
                 f = _imbalance(comps, use, comp, col, name) if len(use) >= 2 else None
                 if f is not None:
                     out.append(f)
-    for r, ctx in contexts.items():
-        f = _bubble(ctx, comps.get(r))
+    for r, d in digests.items():
+        f = _bubble(d, comps.get(r))
         if f is not None:
             out.append(f)
+    out.extend(_stage_balance(facts, comps, with_compute))
     return out
 
 
-def _subgroups(contexts: dict[int, RankContext], present: set[int]) -> list[tuple[str, list[int]]]:
+def _stage_balance(facts: list, comps: dict, with_compute: set[int]) -> list:
+    """Per pipeline group (from the ranks' pipeline_stage facts): mean device compute per step of
+    each stage present with device compute; imbalance = 1 - mean/max over the stages compared."""
+    groups: dict[tuple, list] = {}
+    for f in facts:
+        if getattr(f, "kind", None) == "pipeline_stage" and f.rank in with_compute and f.rank in comps:
+            groups.setdefault((f.process_group, tuple(f.pp_ranks)), []).append(f)
+    out = []
+    for (name, pp), stages in list(groups.items())[:MAX_GROUPS]:
+        by_stage = {}
+        for f in sorted(stages, key=lambda x: x.stage_index):
+            c = comps[f.rank]
+            if len(c):
+                by_stage[f.stage_index] = (f.rank, float(c["compute"].mean()), float(c["duration"].mean()), len(c))
+        if len(by_stage) < 2:
+            continue
+        vals = {k: v[1] for k, v in by_stage.items()}
+        hi = max(vals, key=lambda k: (vals[k], -k))
+        lo = min(vals, key=lambda k: (vals[k], k))
+        mx, mean = vals[hi], float(np.mean(list(vals.values())))
+        if not mx > 0:
+            continue
+        step = by_stage[hi][2]
+        out.append(PipelineStageBalance(
+            rank=None, process_group=name, pp_ranks=list(pp), stages_count=len(pp), compared_count=len(by_stage),
+            steps_count=min(v[3] for v in by_stage.values()), per_stage_compute_us=vals, max_us=mx, mean_us=mean,
+            min_us=vals[lo], imbalance_ratio=float(np.clip(1.0 - mean / mx, 0.0, 1.0)), heaviest_stage=hi,
+            heaviest_rank=by_stage[hi][0], lightest_stage=lo, last_stage_heaviest=hi == len(pp) - 1,
+            excess_us=mx - mean, step_us=step, excess_share_ratio=float(np.clip((mx - mean) / step, 0.0, 1.0)) if step > 0 else 0.0,
+            evidence=Evidence(counts={"stages": len(by_stage)},
+                              note="compute = union of non-communication kernels per step (rank_components), mean over "
+                                   "the rank's analysed steps; stages = positions in the pipeline group's rank list"),
+        ))  # fmt: skip
+    return out
+
+
+def _subgroups(digests: dict, present: set[int]) -> list[tuple[str, list[int]]]:
     """Process groups used by collectives whose present members are >= 2 ranks and fewer than all."""
     seen: dict[tuple[int, ...], str] = {}
-    for ctx in contexts.values():
-        df = rank_collectives(ctx)
+    for dg in digests.values():
+        df = dg.collectives
         if not len(df):
             continue
         for pg, text in df[["pg", "pg_ranks"]].drop_duplicates().itertuples(index=False):
@@ -190,11 +231,11 @@ def _imbalance(
     )
 
 
-def _bubble(ctx: RankContext, comp: pd.DataFrame | None) -> PipelineBubble | None:
-    df = rank_collectives(ctx)
+def _bubble(dg, comp: pd.DataFrame | None) -> PipelineBubble | None:
+    df = dg.collectives
     if not len(df) or comp is None or not len(comp):
         return None
-    if not has_device_compute(ctx):
+    if not dg.device_compute:
         return None  # no device compute recorded: the bubble is unknown, not 100%
     kind = df["kind"].to_numpy()
     p2p = np.isin(kind, P2P_KINDS) | ((kind == "send_recv") & (df["n"].to_numpy() == 2))
@@ -206,9 +247,9 @@ def _bubble(ctx: RankContext, comp: pd.DataFrame | None) -> PipelineBubble | Non
         return None
     compute = float(comp["compute"].sum())
     busy = float(comp["busy"].sum())
-    peers = sorted({r for text in sel["pg_ranks"].unique() for r in _parse_ranks(text) if r != ctx.rank})
+    peers = sorted({r for text in sel["pg_ranks"].unique() for r in _parse_ranks(text) if r != dg.rank})
     return PipelineBubble(
-        rank=ctx.rank,
+        rank=dg.rank,
         p2p_count=int(p2p.sum()),
         p2p_time_us=float(sel["dur"].sum()),
         peers=peers,
@@ -218,7 +259,7 @@ def _bubble(ctx: RankContext, comp: pd.DataFrame | None) -> PipelineBubble | Non
         bubble_ratio=float(np.clip(1.0 - compute / total, 0.0, 1.0)),
         idle_ratio=float(np.clip(1.0 - busy / total, 0.0, 1.0)),
         evidence=Evidence(
-            time_ranges_us=[ctx.span],
+            time_ranges_us=[dg.span],
             events=[str(x) for x in sel["name"].unique()[:5]],
             counts={"p2p": int(p2p.sum()), "steps": len(comp)},
             note=(

@@ -14,7 +14,7 @@ import statistics
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -549,11 +549,17 @@ def breakdown_summary(f: StepBreakdown | None) -> dict[str, Any]:
 
 
 def _summary(bundle: TraceBundle, facts: list[Fact]) -> list[RankSummary]:
+    steps_of: dict[int | None, list[StepSummary]] = defaultdict(list)
+    breakdown_of: dict[int | None, Fact] = {}
+    for f in facts:  # one pass: a job has thousands of ranks
+        if f.kind == "step_time":
+            steps_of[f.rank].append(StepSummary(step=f.step, duration_us=round(f.duration_us, 3)))
+        elif f.kind == "step_breakdown" and f.step is None:
+            breakdown_of.setdefault(f.rank, f)
     out = []
     for t in bundle:
-        steps = [StepSummary(step=f.step, duration_us=round(f.duration_us, 3))
-                 for f in facts if f.kind == "step_time" and f.rank == t.rank]  # fmt: skip
-        bd = next((f for f in facts if f.kind == "step_breakdown" and f.rank == t.rank and f.step is None), None)
+        steps = steps_of.get(t.rank, [])
+        bd = breakdown_of.get(t.rank)
         out.append(
             RankSummary(
                 rank=t.rank,
@@ -590,13 +596,15 @@ def advise_bundle_full(
     rank: int | None = None,
     facts: list[Fact] | None = None,
     stage=_no_stage,
+    replay: Mapping[int, Any] | None = None,
 ) -> Advised:
-    """``advise_bundle``, keeping the facts; ``stage(text)`` is told as the work advances."""
+    """``advise_bundle``, keeping the facts; ``stage(text)`` is told as the work advances.
+    ``replay``: the ranks' what-if replay states when ``facts`` were made elsewhere (rank_stream)."""
     kb = knowledge_base(config)
     if facts is None:
         stage(f"analysing {len(bundle)} rank(s)")
         facts, replay = analyze_with_replay(bundle)
-    else:
+    elif replay is None:
         replay = {}
     stage("rules and cases")
     inf = infer(kb, facts, engine)

@@ -169,16 +169,37 @@ class EngineOpt(str, Enum):
     python = "python"
 
 
-def _advised(paths: list[Path], *, config, engine: str, top=None, rank=None, st=None, notes: list[str]):
-    """Load and advise PATHS (traces or a RUN_DIR) through the pipeline, with the input checks."""
+def _streams(paths: list[Path], scale: dict | None) -> bool:
+    """Rank by rank (docs/scale.md): several rank files, or any of --workers/--sample/--dask."""
+    if scale is None:
+        return False
+    if any(v is not None for v in scale.values()):
+        return True
+    from .trace import discover
+
+    return len(discover([str(p) for p in paths])) > 1
+
+
+def _advised(paths: list[Path], *, config, engine: str, top=None, rank=None, st=None, notes: list[str],
+             scale: dict | None = None):  # fmt: skip
+    """Load and advise PATHS (traces or a RUN_DIR) through the pipeline, with the input checks.
+    ``scale`` (advise only): workers, sample and dask; several rank files are then streamed."""
     from .checks import bundle_warnings, check_rank, run_warnings
-    from .pipeline import advise_run, advise_traces
+    from .pipeline import advise_run, advise_streamed, advise_traces
 
     if (run_dir := _run_dir(paths)) is not None:
         check_rank(rank, _run_dir_ranks(run_dir), str(run_dir))
         adv = advise_run(run_dir, config=config, engine=engine, top=top, rank=rank, stages=st)
         extra = run_warnings(adv.run)
         notes += adv.report.warnings
+    elif _streams(paths, scale):
+        st.reading([str(p) for p in paths])
+        adv = advise_streamed(paths, config=config, engine=engine, top=top, rank=rank, stages=st, **scale)
+        bundle = adv.bundle
+        notes.extend(f"skipped {problem.message}" for problem in bundle.problems)
+        notes.extend(bundle.warnings)
+        check_rank(rank, bundle.rank_ids, ", ".join(str(p) for p in paths))
+        extra = bundle_warnings(bundle)
     else:
         bundle = _load(paths, st, notes)
         check_rank(rank, bundle.rank_ids, ", ".join(str(p) for p in paths))
@@ -201,6 +222,9 @@ def advise(
     ] = None,
     config: Annotated[Path | None, typer.Option("--config", help="YAML of threshold overrides per rule/case id")] = None,
     engine: Annotated[EngineOpt, typer.Option("--engine", help="rules engine")] = EngineOpt.auto,
+    workers: Annotated[int | None, typer.Option("--workers", min=1, help="ranks analysed at once, one process each (default: the cores)")] = None,
+    sample: Annotated[int | None, typer.Option("--sample", min=1, help="analyse only K ranks: every process group and the slowest, by a first pass over the step times")] = None,
+    dask: Annotated[str | None, typer.Option("--dask", envvar="HERMES_DASK_SCHEDULER", help="Dask scheduler (tcp://host:8786) to run the per-rank stage on; needs hermes-kb[dask]")] = None,
 ) -> None:
     """Diagnose: bottlenecks, causes, concrete optimizations and their expected speedup."""
     from .render.progress import stages
@@ -211,7 +235,8 @@ def advise(
     try:
         _config(config)
         with stages() as st:
-            adv = _advised(paths, config=config, engine=engine.value, top=top, rank=rank, st=st, notes=notes)
+            adv = _advised(paths, config=config, engine=engine.value, top=top, rank=rank, st=st, notes=notes,
+                           scale={"workers": workers, "sample": sample, "dask": dask or None})  # fmt: skip
             st.stage("writing the report")
             report = adv.report
             text = None

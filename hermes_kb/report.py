@@ -166,10 +166,19 @@ class RankSummary(BaseModel):
                                             "(CLI: html, json)")  # fmt: skip
 
 
+class SampleInfo(BaseModel):
+    """``advise --sample K``: which ranks were analysed of how many, and why each."""
+
+    ranks_total: int = Field(description="rank files in the input; the first pass read the step times of all")
+    read: dict[str, str] = Field(description="rank (or file, without a rank number) -> why it was chosen")
+    notes: list[str] = Field(default_factory=list, description="what was read, and what a full pass would add")
+
+
 class Inputs(BaseModel):
     sources: list[str]
     ranks: list[int]
     skipped: list[str] = Field(default_factory=list)
+    sample: SampleInfo | None = Field(default=None, description="set when only a sample of the ranks was analysed")
 
 
 class KbInfo(BaseModel):

@@ -6,7 +6,7 @@ bottleneck found" while a rule fired (docs/advice.md)."""
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 from .kb.conditions import compare, compile_patterns, evaluate, leaves, resolve_operand
@@ -99,18 +99,21 @@ def unexplained(inf: Inference, kb: KnowledgeBase, findings: list[Finding], plat
         if not covered:
             left[comp].append((rule, b))
     out: list[Unexplained] = []
+    # once per job, not per rank: a job has thousands of ranks, each with its bottlenecks
+    binds = {c.id: _binds_component(c) for c in cases}
+    steps_of = Counter(f.get("rank") for f in inf.facts if f.get("kind") == "step_time")
     for comp, items in left.items():
         step = [(r, b) for r, b in items if r.emit.component in STEP_COMPONENTS]
         lead = step or items
         ranks = sorted({b["rank"] for _, b in items if b.get("rank") is not None})
         rank0 = max(lead, key=lambda x: x[1].get("share_ratio", 0.0))[1].get("rank")
         involved = list(dict.fromkeys(r.id for r, _ in items))
-        pool = {c.id: c for c in cases for r, _ in items
-                if r.emit.component in _binds_component(c)
-                or (r.emit.component in STEP_COMPONENTS and _case_component(c) == comp)}  # fmt: skip
+        emitted = {r.emit.component for r, _ in items}
+        pool = {c.id: c for c in cases
+                if emitted & binds[c.id] or (emitted & set(STEP_COMPONENTS) and _case_component(c) == comp)}  # fmt: skip
         scored = sorted(((*_why(kb, c, inf.facts, rank0, every), c) for c in pool.values()),
                         key=lambda x: (-x[0], x[2].id))  # fmt: skip
-        times = [b["time_us"] / max(1, _steps(inf.facts, b.get("rank")))
+        times = [b["time_us"] / max(1, steps_of[b.get("rank")])
                  for _, b in lead if isinstance(b.get("time_us"), (int, float))]  # fmt: skip
         head = _SUMMARY.get(comp) if step else f"{lead[0][0].title}."
         out.append(Unexplained(
@@ -136,6 +139,3 @@ def _why(kb: KnowledgeBase, case: Case, facts: list[dict[str, Any]], rank: int |
         return 99, f"fired ({f.expected_speedup.low:.2f}x-{f.expected_speedup.high:.2f}x): see the findings"
     return why_not(kb, case, facts, rank)
 
-
-def _steps(facts: list[dict[str, Any]], rank: int | None) -> int:
-    return sum(1 for f in facts if f.get("kind") == "step_time" and f.get("rank") == rank)

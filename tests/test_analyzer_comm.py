@@ -375,3 +375,96 @@ def test_bandwidth_only_where_the_duration_is_a_transfer(tmp_path, backend, size
         )  # broadcast: x1
     else:
         assert s.algbw_gbps is None and s.busbw_gbps is None
+
+
+# ------------------------------------------------------------------ transfer after arrival
+
+# two ranks, four all_reduces (floats) and, on rank 0 only, an all_gather beside the first:
+#   A 16 MiB: rank 0 [100, 1100), rank 1 [400, 1100): last arrival 400, post-arrival 700 on both
+#             rate = 16777216 B / 700 µs = 23.97 GB/s
+#   B 32 MiB: [1200, 1300) on both: 33554432 / 100 = 335.54 GB/s (the best)
+#   C  8 MiB: [1400, 1480) on both: 8388608 / 80 = 104.86 GB/s
+#   D  1 MiB: [1600, 1700): under 8 MiB, not judged
+# stall threshold 0.25 x 335.54 = 83.89 GB/s: only A stalls; its excess = 700 - 16777216 / 335544.32
+# = 700 - 50 = 650 µs. The all_gather [500, 700) on rank 0 runs during A's post-arrival window
+# [400, 1100): 200 µs concurrent on rank 0, none on rank 1.
+STALL = {0: [(100, 1000), (1200, 100), (1400, 80), (1600, 100)],
+         1: [(400, 700), (1200, 100), (1400, 80), (1600, 100)]}  # fmt: skip
+STALL_FLOATS = [4 * MIB, 8 * MIB, 2 * MIB, MIB // 4]
+
+
+def test_transfer_stall_after_arrival_by_hand(tmp_path):
+    for r in range(2):
+        ev = [X("user_annotation", "ProfilerStep#5", 0, 2000)]
+        for i, (ts, dur) in enumerate(STALL[r]):
+            ev += collective(ts, dur, ext=10 * (i + 1), corr=2 + i, nelems=STALL_FLOATS[i], ranks="[0, 1]", size=2)
+        if r == 0:
+            ev += collective(500, 200, ext=90, corr=9, nelems=1024, ranks="[0, 1]", size=2, name="all_gather",
+                             stream=21, kernel="ncclDevKernel_AllGather_RING_LL(ncclDevComm*)")  # fmt: skip
+        write_trace(tmp_path / f"rank{r}.json", ev, distributedInfo={"rank": r, "world_size": 2, "backend": "nccl"})
+    bundle = hermes_kb.load(tmp_path)
+    ctxs = {r: step_context(bundle[r])[0] for r in bundle.rank_ids}
+    stalls = {f.rank: f for f in comm.cross_rank(ctxs, []) if f.kind == "comm_transfer_stall"}
+    assert sorted(stalls) == [0, 1]
+    f0, f1 = stalls[0], stalls[1]
+    for f in (f0, f1):
+        assert (f.collective, f.group_ranks, f.instances_count, f.sized_count) == ("all_reduce", [0, 1], 4, 3)
+        assert f.best_gbps == pytest.approx(33554432 / 100 / 1e3) and f.best_bytes == 33554432
+        assert f.median_gbps == pytest.approx(8388608 / 80 / 1e3)
+        assert f.stalled_count == 1 and f.stalled_us == pytest.approx(700.0)
+        assert f.stalled_bytes == 16777216 and f.stalled_gbps == pytest.approx(16777216 / 700 / 1e3)
+        assert f.excess_us == pytest.approx(650.0)
+        assert f.post_arrival_us == pytest.approx(700 + 100 + 80 + 100)
+        assert f.worst_us == pytest.approx(700.0) and f.worst_bytes == 16777216
+        assert f.analysed_us == pytest.approx(2000.0) and f.excess_share_ratio == pytest.approx(650 / 2000)
+    assert f0.arrival_wait_us == pytest.approx(300.0) and f1.arrival_wait_us == pytest.approx(0.0)
+    assert f0.stalled_concurrent_us == pytest.approx(200.0) and f0.stalled_concurrent_ratio == pytest.approx(200 / 700)
+    assert f1.stalled_concurrent_us == 0.0
+    assert f0.evidence.time_ranges_us == [(400.0, 1100.0)]
+    # the same from the digests the streamed path hands over
+    from analyzers.rank_digest import as_digests
+
+    again = {f.rank: f for f in comm.cross_rank(as_digests(ctxs), []) if f.kind == "comm_transfer_stall"}
+    assert again[0].excess_us == pytest.approx(650.0) and again[0].stalled_concurrent_us == pytest.approx(200.0)
+
+
+def test_transfer_stall_needs_two_sized_instances(tmp_path):
+    # only A and D: one sized instance, nothing to compare it with
+    for r in range(2):
+        ev = [X("user_annotation", "ProfilerStep#5", 0, 2000)]
+        for i in (0, 3):
+            ts, dur = STALL[r][i]
+            ev += collective(ts, dur, ext=10 * (i + 1), corr=2 + i, nelems=STALL_FLOATS[i], ranks="[0, 1]", size=2)
+        write_trace(tmp_path / f"rank{r}.json", ev, distributedInfo={"rank": r, "world_size": 2, "backend": "nccl"})
+    bundle = hermes_kb.load(tmp_path)
+    ctxs = {r: step_context(bundle[r])[0] for r in bundle.rank_ids}
+    assert not [f for f in comm.cross_rank(ctxs, []) if f.kind == "comm_transfer_stall"]
+
+
+def test_link_unknown_when_devices_per_node_not_recorded(tmp_path):
+    # one rank listing no device: neither 'spans nodes' nor an intra-node link can be claimed,
+    # but algbw (bytes / duration) needs no group size
+    ev = [X("user_annotation", "ProfilerStep#1", 0, 1000)]
+    ev += collective(300, 100, ext=10, corr=2, nelems=4 * MIB, ranks="[]", size=-1)
+    p = write_trace(tmp_path / "rank0.json", ev, distributedInfo={"rank": 0, "backend": "nccl"})
+    ctx, _ = step_context(hermes_kb.load(p)[0])
+    st = [f for f in comm.per_rank(ctx) if f.kind == "comm_stats"][0]
+    assert st.link == "unknown (devices per node not recorded)" and st.link_peak_gbps is None
+    assert st.group_size_count is None and st.busbw_gbps is None
+    assert st.algbw_gbps == pytest.approx(16 * MIB / 100 / 1e3)
+    # 100 µs of collective in a 1000 µs step, none of it under compute
+    assert st.time_share_ratio == pytest.approx(0.1) and st.exposed_share_ratio == pytest.approx(0.1)
+
+
+def test_transfer_stall_needs_comparable_clocks(tmp_path):
+    # rank 1's clock 300 µs ahead: every instance ends 300 µs later there than on rank 0 (median
+    # post-arrival 100 µs), so arrival order cannot be read from the two traces: no fact
+    for r in range(2):
+        ev = [X("user_annotation", "ProfilerStep#5", 0, 3000)]
+        for i, (ts, dur) in enumerate(STALL[r]):
+            ev += collective(ts + 300 * r, dur, ext=10 * (i + 1), corr=2 + i, nelems=STALL_FLOATS[i], ranks="[0, 1]",
+                             size=2)  # fmt: skip
+        write_trace(tmp_path / f"rank{r}.json", ev, distributedInfo={"rank": r, "world_size": 2, "backend": "nccl"})
+    bundle = hermes_kb.load(tmp_path)
+    ctxs = {r: step_context(bundle[r])[0] for r in bundle.rank_ids}
+    assert not [f for f in comm.cross_rank(ctxs, []) if f.kind == "comm_transfer_stall"]

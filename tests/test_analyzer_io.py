@@ -348,3 +348,53 @@ def test_pipe_reads_from_worker_handoff_are_worker_wait_not_reading(tmp_path):
     ctx, _ = step_context(t)
     d = next(f for f in A.per_rank(ctx) if f.kind == "dataloader_wait" and f.step is None)
     assert d.reading_us == 0.0 and d.worker_wait_us >= 480.0
+
+
+# Reading samples out of a zip archive and opening many small files inside the iterator (step 1
+# = [0, 1000); two next() calls: [100, 500) and [550, 950)):
+#   call 1: zipfile.py read [120, 420) with a zlib decompress [200, 400) inside it
+#   call 2: three builtin open() [560, 600), [600, 640), [700, 740) and an os.stat [800, 820)
+# archive = union of zip + zlib frames = [120, 420) = 300; archive_ratio = 300 / 800
+# opens = 3 open() calls over 2 next() calls = 1.5 per call; open_us = 40 + 40 + 40 + 20 = 140
+ARCHIVE_TRACE = [
+    X("user_annotation", "ProfilerStep#1", 0, 1000),
+    X("user_annotation", SINGLE, 100, 400),
+    X("user_annotation", SINGLE, 550, 400),
+    PY("torch/utils/data/dataloader.py(700): __next__", 100, 400, 1),
+    PY("zipfile/__init__.py(1010): read", 120, 300, 2, parent=1),
+    PY("<built-in method decompress of zlib.Decompress object at 0x7f>", 200, 200, 3, parent=2),
+    PY("torch/utils/data/dataloader.py(700): __next__", 550, 400, 4),
+    PY("<built-in function open>", 560, 40, 5, parent=4),
+    PY("<built-in function open>", 600, 40, 6, parent=4),
+    PY("<built-in function open>", 700, 40, 7, parent=4),
+    PY("<built-in function stat>", 800, 20, 8, parent=4),
+    PY("<built-in function open>", 960, 20, 9),  # outside the iterator: not counted
+]
+
+
+def test_archive_members_and_file_opens_in_the_iterator(tmp_path):
+    (ctx,) = contexts(write_trace(tmp_path / "t.json", ARCHIVE_TRACE))
+    (f,) = facts_of(ctx, "dataloader_wait", step=None)
+    assert f.wait_us == 800 and f.calls_count == 2
+    assert f.archive_us == pytest.approx(300) and f.archive_ratio == pytest.approx(300 / 800)
+    assert f.file_opens_count == 3 and f.opens_per_call == pytest.approx(1.5)
+    assert f.open_us == pytest.approx(140) and f.open_ratio == pytest.approx(140 / 800)
+    (g,) = [x for x in facts_of(ctx, "dataloader_wait", step=1)]
+    assert g.archive_us == pytest.approx(300) and g.file_opens_count == 3
+
+
+def test_image_decoding_in_the_iterator(tmp_path):
+    # one next() [100, 900): PIL ImageFile.load [200, 600) with its decoder [250, 550) inside, and a
+    # torchvision decode_jpeg [650, 750): decode = 400 + 100 = 500 of an 800 µs wait
+    ev = [
+        X("user_annotation", "ProfilerStep#1", 0, 1000),
+        X("user_annotation", SINGLE, 100, 800),
+        PY("torch/utils/data/dataloader.py(700): __next__", 100, 800, 1),
+        PY("PIL/ImageFile.py(260): load", 200, 400, 2, parent=1),
+        PY("<method 'decode' of 'ImagingDecoder' objects>", 250, 300, 3, parent=2),
+        PY("torchvision/io/image.py(180): decode_jpeg", 650, 100, 4, parent=1),
+    ]
+    (ctx,) = contexts(write_trace(tmp_path / "t.json", ev))
+    (f,) = facts_of(ctx, "dataloader_wait", step=None)
+    assert f.decode_us == pytest.approx(500) and f.decode_ratio == pytest.approx(500 / 800)
+    assert f.archive_us == 0 and f.file_opens_count == 0

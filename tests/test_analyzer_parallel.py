@@ -160,3 +160,40 @@ def test_ascend_pp2_ranks_without_kernel_data(shared):
         assert b.compute_us == pytest.approx(computing, rel=0.02)
     comps = by_component(facts)
     assert set(comps["compute"].per_rank_us) == {0, 2}
+
+
+def test_pipeline_stage_balance_by_hand(tmp_path):
+    # 4 ranks, pipeline groups [0, 2] and [1, 3] (stage 0 = ranks 0, 1; stage 1 = ranks 2, 3), one
+    # step [0, 2000); device compute 100, 200, 500, 300 µs.
+    #   group [0, 2]: stages 100 and 500 -> mean 300, max 500: imbalance 1 - 300/500 = 0.4,
+    #     excess 200 of a 2000 µs step = 0.1; the last stage is the heaviest
+    #   group [1, 3]: 200 and 300 -> mean 250: imbalance 1 - 250/300, excess 50, heaviest rank 3
+    pgs = [{"pg_name": "0", "pg_desc": "default_pg", "ranks": [0, 1, 2, 3]},
+           {"pg_name": "5", "pg_desc": "PIPELINE_MODEL_PARALLEL_GROUP", "ranks": [0, 2]},
+           {"pg_name": "6", "pg_desc": "PIPELINE_MODEL_PARALLEL_GROUP", "ranks": [1, 3]}]  # fmt: skip
+    for r, comp in enumerate((100, 200, 500, 300)):
+        ev = [X("user_annotation", "ProfilerStep#1", 0, 2000)]
+        ev += compute_kernel(100, comp, corr=1)
+        ev += collective(1000, 100, ext=10, corr=2, nelems=256, ranks="[0, 1, 2, 3]", size=4)
+        write_trace(tmp_path / f"rank{r}.json", ev,
+                    distributedInfo={"rank": r, "world_size": 4, "backend": "nccl", "pg_config": pgs})  # fmt: skip
+    bundle = hermes_kb.load(tmp_path)
+    ctxs = {r: step_context(bundle[r])[0] for r in bundle.rank_ids}
+    from analyzers import comm
+
+    per_rank = [f for r in sorted(ctxs) for f in comm.per_rank(ctxs[r])]
+    stages = {f.rank: f for f in per_rank if f.kind == "pipeline_stage"}
+    assert {r: (f.stage_index, f.pp_ranks) for r, f in stages.items()} == {
+        0: (0, [0, 2]), 1: (0, [1, 3]), 2: (1, [0, 2]), 3: (1, [1, 3])}
+    bal = {tuple(f.pp_ranks): f for f in parallel.cross_rank(ctxs, per_rank) if f.kind == "pipeline_stage_balance"}
+    a, b = bal[(0, 2)], bal[(1, 3)]
+    assert a.per_stage_compute_us == {0: 100.0, 1: 500.0} and a.compared_count == 2
+    assert a.imbalance_ratio == pytest.approx(0.4) and a.excess_us == pytest.approx(200.0)
+    assert (a.heaviest_stage, a.heaviest_rank, a.lightest_stage, a.last_stage_heaviest) == (1, 2, 0, True)
+    assert a.step_us == pytest.approx(2000.0) and a.excess_share_ratio == pytest.approx(0.1)
+    assert b.imbalance_ratio == pytest.approx(1 - 250 / 300) and b.heaviest_rank == 3
+    # the same from the digests of the streamed path
+    from analyzers.rank_digest import as_digests
+
+    again = [f for f in parallel.cross_rank(as_digests(ctxs), per_rank) if f.kind == "pipeline_stage_balance"]
+    assert sorted(f.excess_us for f in again) == pytest.approx([50.0, 200.0])

@@ -545,3 +545,45 @@ def test_page_faults_absent_or_explained_by_other_kernel_work(tmp_path):
     write_log(tmp_path / "fa", 0, [{"wall_s": 0.010, "sys_s": 0.005, "minflt": 300}] * 20)
     assert "C-MON-012" not in {f.case_id for f in hermes_kb.advise(tmp_path / "io").findings}
     assert "C-MON-012" in {f.case_id for f in hermes_kb.advise(tmp_path / "fa").findings}
+
+
+def test_transport_disabled_bounded_by_collective_time(tmp_path):
+    # comm_s 4 ms of a 20 ms step on every step: NCCL_P2P_DISABLE can cost at most those 4 ms;
+    # NCCL_IB_DISABLE only when the ranks sit on more than one host
+    env = {"env": {"NCCL_P2P_DISABLE": "1", "NCCL_IB_DISABLE": "1"}, "versions": {"python": "3.11", "nccl": "2.21"}}
+    one = tmp_path / "one"
+    for r in range(2):
+        write_log(one, r, [{"wall_s": 0.020, "comm_s": 0.004}] * 30, env)
+    got = {(f.rank, f.issue): f for f in facts_of(one, "monitor_env_setting")}
+    assert got[(0, "p2p_disabled")].hidden_bound_us == pytest.approx(4_000)
+    assert got[(0, "p2p_disabled")].share_ratio == pytest.approx(0.2)
+    assert got[(0, "ib_disabled")].hidden_bound_us == 0.0  # both ranks on host h0
+    two = tmp_path / "two"
+    for r in range(2):
+        write_log(two, r, [{"wall_s": 0.020, "comm_s": 0.004}] * 30, {**env, "hostname": f"h{r}"})
+    got = {(f.rank, f.issue): f for f in facts_of(two, "monitor_env_setting")}
+    assert got[(1, "ib_disabled")].hidden_bound_us == pytest.approx(4_000)
+    ids = {f.case_id for f in hermes_kb.advise(two).findings}
+    assert {"C-COMM-013", "C-COMM-014"} <= ids
+
+
+def test_nccl_overrides_gdr_and_version_mismatch(tmp_path):
+    # three ranks on two hosts; rank 1 forces NCCL's protocol and algorithm, turns GPUDirect RDMA
+    # off, runs an older NCCL than the other two, and is 10 ms slower per step (its own CPU work)
+    for r in range(3):
+        nccl = "2.18.1" if r == 1 else "2.21.5"
+        env = {"env": {"NCCL_PROTO": "Simple", "NCCL_ALGO": "Ring", "NCCL_NET_GDR_LEVEL": "LOC"} if r == 1 else {},
+               "versions": {"python": "3.11", "torch": "2.4", "nccl": nccl}, "hostname": f"h{min(r, 1)}"}  # fmt: skip
+        wall, cpu = (0.030, 0.018) if r == 1 else (0.020, 0.008)
+        write_log(tmp_path, r, [{"wall_s": wall, "cpu_s": cpu, "comm_s": 0.004}] * 30, env)
+    got = {(f.rank, f.issue): f for f in facts_of(tmp_path, "monitor_env_setting")}
+    t = got[(1, "nccl_tuning_overridden")]
+    assert t.variable == "NCCL_ALGO,NCCL_PROTO" and t.value == "NCCL_ALGO=Ring,NCCL_PROTO=Simple"
+    assert t.hidden_bound_us == pytest.approx(4_000)
+    g = got[(1, "gdr_disabled")]
+    assert g.variable == "NCCL_NET_GDR_LEVEL" and g.hidden_bound_us == pytest.approx(4_000)  # two hosts
+    v = got[(1, "versions_differ")]
+    assert v.variable == "nccl" and v.value == "nccl 2.18.1 (most ranks 2.21.5)" and v.hidden_bound_us == 0.0
+    assert not [k for k in got if k[0] != 1]  # ranks 0 and 2 match the majority and set nothing
+    ids = {f.case_id for f in hermes_kb.advise(tmp_path).findings}
+    assert {"C-COMM-015", "C-COMM-017", "C-PAR-005"} <= ids

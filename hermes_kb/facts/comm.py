@@ -37,6 +37,8 @@ class CommStats(Fact):
         default=None,
     )
     exposed_ratio: float | None = ratio("exposed_us / time_us", default=None)
+    time_share_ratio: float | None = ratio("time_us / the rank's analysed time", default=None)
+    exposed_share_ratio: float | None = ratio("exposed_us / the rank's analysed time", default=None)
     sizes_known: bool = Field(
         description="false when the trace did not record message sizes (no record_param_comms)"
     )
@@ -134,3 +136,45 @@ class CommSyncWait(Fact):
     arrival_spread_mean_us: float = us(
         "mean over instances of (latest start - earliest start); valid only when the ranks' clocks agree"
     )
+
+
+class CommTransferStall(Fact):
+    """Per rank and (process group, kind): how long each collective instance took after the last
+    rank of the group had arrived (its start on the latest rank), against the fastest rate the
+    same group reached in the same trace. Instances matched across ranks as comm_sync_wait does;
+    a cross-rank fact with ``rank`` set (it needs every rank's arrival). Formulas:
+    docs/analysis/comm.md, "Transfer after arrival"."""
+
+    kind: Literal["comm_transfer_stall"] = "comm_transfer_stall"
+    process_group: str
+    group_ranks: list[int] = Field(default_factory=list, description="ranks of the group present in the input")
+    collective: str
+    source: Literal["kernel", "cpu"]
+    instances_count: int = measure("count", "instances matched on every present rank")
+    sized_count: int = measure("count", "of them with a known size of at least min_bytes")
+    min_bytes: int = measure("bytes", "smallest size judged (bandwidth, not latency, dominates above it)")
+    post_arrival_us: float = us("sum over instances of end on this rank - latest start among the ranks (>= 0)")
+    arrival_wait_us: float = us("sum over instances of latest start - start on this rank (waiting for peers)")
+    best_gbps: float | None = measure(
+        "gbps", "fastest post-arrival rate (bytes / post-arrival time) of the sized instances", default=None
+    )
+    best_bytes: int | None = measure("bytes", "size of the instance that reached best_gbps", default=None)
+    median_gbps: float | None = measure("gbps", "median post-arrival rate of the sized instances", default=None)
+    stall_ratio_threshold: float = ratio("an instance stalls below this fraction of best_gbps")
+    stalled_count: int = measure("count", "sized instances below stall_ratio_threshold x best_gbps")
+    stalled_us: float = us("post-arrival time of the stalled instances")
+    stalled_bytes: int = measure("bytes", "bytes of the stalled instances")
+    stalled_gbps: float | None = measure("gbps", "stalled_bytes / stalled_us", default=None)
+    excess_us: float = us(
+        "sum over stalled instances of post-arrival time - bytes / best_gbps: the time beyond what the "
+        "group's own best rate needs"
+    )
+    stalled_concurrent_us: float = us(
+        "part of the stalled instances' post-arrival windows during which another collective of this rank "
+        "(another process group or kind) runs", default=0.0
+    )
+    stalled_concurrent_ratio: float = ratio("stalled_concurrent_us / stalled_us", default=0.0)
+    worst_us: float | None = us("post-arrival time of the slowest stalled instance", default=None)
+    worst_bytes: int | None = measure("bytes", "its size", default=None)
+    analysed_us: float = us("sum of the rank's analysed step durations")
+    excess_share_ratio: float = ratio("excess_us / analysed_us (exposure is left to the what-if replay)")

@@ -78,6 +78,25 @@ class DataLoaderWait(Fact):
         default_factory=list,
         description="Python functions with the most self time inside the iterator (at most 5)",
     )
+    archive_us: float = us(
+        "time inside the iterator under archive / decompression frames (zipfile, tarfile, gzip, bz2, lzma, zlib: "
+        "the union of those frames; needs with_stack=True)", default=0.0
+    )
+    archive_ratio: float = ratio("archive_us / wait_us", default=0.0)
+    file_opens_count: int = measure(
+        "count", "files opened inside the iterator (builtin open() frames; needs with_stack=True)", default=0
+    )
+    opens_per_call: float = measure("count", "file_opens_count / calls_count", default=0.0)
+    open_us: float = us(
+        "time inside the iterator under file open / stat frames (open, stat, exists, pathlib), their union",
+        default=0.0,
+    )
+    open_ratio: float = ratio("open_us / wait_us", default=0.0)
+    decode_us: float = us(
+        "time inside the iterator under image-decoding frames (PIL ImageFile.load and its decoder, cv2.imdecode, "
+        "torchvision.io CPU decoders, imageio), their union; needs with_stack=True", default=0.0
+    )
+    decode_ratio: float = ratio("decode_us / wait_us", default=0.0)
 
     # the CPU budget (only when the run's monitor log is analysed with the trace: analyzers/loader_cores.py)
     job_cores: float | None = measure(

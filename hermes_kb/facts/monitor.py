@@ -226,7 +226,7 @@ class MonitorPageFaults(Fact):
 
 EnvIssue = Literal[
     "launch_blocking", "debug_logging", "p2p_disabled", "ib_disabled", "hccl_intra_link_forced", "omp_threads_too_high",
-    "gc_threshold_lowered",
+    "gc_threshold_lowered", "nccl_tuning_overridden", "gdr_disabled", "versions_differ",
 ]
 
 
@@ -235,14 +235,19 @@ class MonitorEnvSetting(Fact):
 
     kind: Literal["monitor_env_setting"] = "monitor_env_setting"
     issue: EnvIssue
-    variable: str = Field(description="the environment variable (or gc.set_threshold)")
+    variable: str = Field(description="the environment variable (or gc.set_threshold; for nccl_tuning_overridden "
+                          "the variables set, comma-separated; for versions_differ the packages that differ)")
     value: str = Field(description="its value")
     device: Literal["cpu", "gpu", "npu"] = Field(description="what the rank trained on, as far as the log shows")
     step_us: float = us("mean step time")
     cpu_us: float | None = us("median process CPU time per step", default=None)
     hidden_bound_us: float = us(
         "what the setting can cost per step at most: launch blocking min(host CPU, step - host CPU - data wait) "
-        "(without it host and device overlap); debug logging the host CPU time; GC the GC pause; else 0"
+        "(without it host and device overlap); debug logging the host CPU time; GC the GC pause; NCCL_P2P_DISABLE the "
+        "median collective time per step (when the monitor timed them); NCCL_IB_DISABLE the same when the run's "
+        "ranks sit on more than one host (else 0: one node never uses InfiniBand); NCCL tuning overrides the median "
+        "collective time; GPUDirect RDMA off (NCCL_NET_GDR_LEVEL=LOC) that time on a run over several hosts; "
+        "versions_differ 0 (what a slow rank costs is in monitor_slow_rank); else 0"
     )
     share_ratio: float = ratio("hidden_bound_us / step_us")
 

@@ -59,3 +59,39 @@ class PipelineBubble(Fact):
         "1 - compute_us / step_time_us: the share of the step the device does no compute"
     )
     idle_ratio: float = ratio("share of the step with no kernel and no memcpy at all")
+
+
+class PipelineStage(Fact):
+    """The rank's place in its pipeline-parallel group, from the process groups the trace records
+    (a group whose description or name is 'pp' or contains 'pipeline')."""
+
+    kind: Literal["pipeline_stage"] = "pipeline_stage"
+    process_group: str = Field(description="name of the pipeline group")
+    pg_desc: str | None = Field(default=None, description="its description as recorded")
+    pp_ranks: list[int] = Field(description="global ranks of the group, in stage order")
+    stage_index: int = measure("count", "this rank's stage: its position in pp_ranks (0 = first)")
+    stages_count: int = measure("count", "stages in the group")
+
+
+class PipelineStageBalance(Fact):
+    """Device compute per step of the stages of one pipeline group (the ranks present with device
+    compute), job-wide (rank null). Formulas: docs/analysis/parallel.md."""
+
+    kind: Literal["pipeline_stage_balance"] = "pipeline_stage_balance"
+    process_group: str = Field(description="name of the pipeline group")
+    pp_ranks: list[int] = Field(description="global ranks of the group, in stage order")
+    stages_count: int = measure("count", "stages in the group")
+    compared_count: int = measure("count", "stages compared (present, with device compute)")
+    steps_count: int = measure("count", "fewest analysed steps of a compared rank")
+    per_stage_compute_us: dict[int, float] = us("mean device compute per step, by stage index", default_factory=dict)
+    max_us: float = us("largest per-stage compute per step")
+    mean_us: float = us("mean over the compared stages")
+    min_us: float = us("smallest")
+    imbalance_ratio: float = ratio("1 - mean/max")
+    heaviest_stage: int = measure("count", "stage index with the most compute")
+    heaviest_rank: int = Field(description="its rank")
+    lightest_stage: int = measure("count", "stage index with the least compute")
+    last_stage_heaviest: bool = Field(description="the heaviest stage is the group's last (output layer and loss)")
+    excess_us: float = us("max - mean per step: what the heaviest stage adds to every micro-batch round")
+    step_us: float = us("mean step time of the heaviest rank")
+    excess_share_ratio: float = ratio("excess_us / step_us")

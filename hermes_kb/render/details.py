@@ -62,11 +62,16 @@ def _run_series(log) -> list[StepPoint]:
                       excess_us=round(float(excess[i]), 3) if spike[i] else None) for i in range(n)]  # fmt: skip
 
 
-def _trace_series(summary, facts: list[Fact]) -> list[StepPoint]:
-    spikes: set[int] = set()
+def _spike_steps(facts: list[Fact]) -> dict[int | None, set[int]]:
+    """Per rank, the steps its window series calls spikes (one pass: jobs have thousands of ranks)."""
+    out: dict[int | None, set[int]] = {}
     for f in facts:
-        if f.kind == "step_time_series" and f.rank == summary.rank and f.series == "window":
-            spikes |= set(f.spike_steps)
+        if f.kind == "step_time_series" and f.series == "window":
+            out.setdefault(f.rank, set()).update(f.spike_steps)
+    return out
+
+
+def _trace_series(summary, spikes: set[int]) -> list[StepPoint]:
     return [StepPoint(step=s.step, duration_us=s.duration_us, spike="spike" if s.step in spikes else None)
             for s in summary.steps]  # fmt: skip
 
@@ -109,11 +114,12 @@ def with_details(report: Report, facts: list[Fact], run=None) -> Report:
     ``critical_path_us`` and ``critical_path_ops``; ``slow_ranks``."""
     r = report.model_copy(deep=True)
     paths = {f.rank: f for f in facts if f.kind == "critical_path"}
+    spikes = _spike_steps(facts)
     for s in r.summary:
         if run is not None and s.rank in run.ranks:
             s.series = _downsample(_run_series(run.ranks[s.rank]))
         else:
-            s.series = _downsample(_trace_series(s, facts))
+            s.series = _downsample(_trace_series(s, spikes.get(s.rank, set())))
         cp = paths.get(s.rank)
         if cp is not None and cp.steps_count:
             n = cp.steps_count

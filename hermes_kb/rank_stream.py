@@ -1,0 +1,281 @@
+"""Per-rank work streams: each rank is read, analysed to its facts and digest, and released
+before the next is held; the cross-rank analyzers then run on the digests.
+
+Memory is bounded by the ranks in flight (one per worker) plus what every rank leaves behind:
+its facts, its digest (analyzers/rank_digest.py, kilobytes) and its what-if replay state, which
+is spilled to a temporary directory (replay_store.py, numbers only) and read back only for the
+ranks the combined gain replays.
+
+The per-rank stage runs through an executor: the local forked pool (hermes_kb/workers.py, a
+dead worker costs its own rank) or a Dask cluster (hermes_kb/dask_ranks.py). Both hand back the
+same ``RankOutcome`` and both go through ``gather``, so their results are the same.
+
+Times: a rank is analysed on its own clock (0 = its first event, as when the file is read alone);
+its facts and digest are then moved to the job's origin (the earliest first event of all ranks),
+as ``trace.load`` moves a bundle's frames before analysis (fact_shift.py).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import BadTraceError, NoTracesError
+from .fact_compact import FactPool
+from .replay_store import SpilledReplay, pack
+from .facts.base import Fact
+from .trace.bundle import LoadProblem, TraceBundle, TraceMeta
+
+# (done, total, path) as each rank finishes
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass
+class RankOutcome:
+    """What one rank's work leaves behind once its frames are gone."""
+
+    path: str
+    meta: TraceMeta
+    rank_hint: int | None  # from distributedInfo (profiler_info on Ascend) or the file name
+    rank_source: str
+    first_us: float  # absolute time of the rank's first event (the trace's clock)
+    span: tuple[float, float]  # the rank's time span, on its own clock
+    steps_count: int
+    has_device: bool
+    warnings: list[str]
+    facts: list[Fact]
+    digest: Any  # analyzers.rank_digest.RankDigest, on the rank's own clock
+    replay: bytes | None  # analysis.ReplayState as replay_store.pack writes it; None when the rank has none
+
+
+@dataclass
+class RankStub:
+    """A rank of a streamed job as the advisor and the input checks see it: its metadata and
+    sizes, no frames."""
+
+    meta: TraceMeta
+    steps: range  # len() = profiled steps
+    has_device: bool
+    span: tuple[float, float]  # on the job's origin
+
+    @property
+    def rank(self) -> int:
+        return self.meta.rank
+
+    def time_span(self) -> tuple[float, float]:
+        return self.span
+
+
+@dataclass
+class StreamedJob:
+    """A job analysed rank by rank: every rank's facts then the job-wide ones, the replay states
+    (spilled), and a frameless bundle for the advisor."""
+
+    facts: list[Fact]
+    replay: SpilledReplay
+    bundle: TraceBundle
+    notes: list[str] = field(default_factory=list)  # what the report should say about the run itself
+
+
+def analyse_rank_file(path: str) -> RankOutcome | LoadProblem:
+    """Read one rank, analyse it and digest it; the frames go when this returns. Never raises:
+    a rank that cannot be read or analysed comes back as its LoadProblem."""
+    from .analysis import ReplayState
+    from .analyzers import analyze_rank
+    from .analyzers.rank_digest import digest_of
+    from .trace.kineto import distributed_rank
+    from .trace.loader import _parse_one, rank_from_filename
+
+    p, trace, first, err = _parse_one(path, split=False)
+    if err is not None or trace is None:
+        err = err or BadTraceError("not loaded", path)
+        return LoadProblem(path=path, message=str(err), exit_code=err.exit_code)
+    try:
+        hint, how = distributed_rank(trace), ("profiler_info" if trace.meta.format == "ascend" else "distributedInfo")
+        if hint is None:
+            hint, how = rank_from_filename(trace.meta.source), "filename"
+        trace.meta.rank = hint if hint is not None else 0
+        trace.meta.rank_source = how if hint is not None else "order"
+        trace.meta.origin_us = first
+        ctx, facts = analyze_rank(trace)
+        digest = digest_of(ctx)
+        model = ctx.shared.get("whatif_model")
+        replay = None
+        if model is not None:
+            state = ReplayState(model, ctx.shared.get("whatif_amounts", {}), ctx.shared.get("whatif_drops", set()))
+            replay = pack(state)
+        return RankOutcome(path=path, meta=trace.meta, rank_hint=hint, rank_source=how, first_us=first,
+                           span=trace.time_span(), steps_count=len(trace.steps), has_device=trace.has_device,
+                           warnings=list(trace.warnings), facts=facts, digest=digest, replay=replay)  # fmt: skip
+    except MemoryError:
+        return LoadProblem(path=path, message=str(BadTraceError("out of memory while analysing", path)), exit_code=3)
+    except Exception as exc:  # noqa: BLE001 - one rank's failure must not take the job down
+        bad = BadTraceError(f"unexpected {type(exc).__name__} while analysing: {exc}", path)
+        return LoadProblem(path=path, message=str(bad), exit_code=bad.exit_code)
+
+
+def _assign(outcomes: list[RankOutcome]) -> list[str]:
+    """Final rank numbers, as ``trace.loader.assign_ranks`` gives them: the hint unless another
+    file took it first, else the next free number in file order."""
+    notes: list[str] = []
+    taken: set[int] = set()
+    pending: list[RankOutcome] = []
+    for o in outcomes:
+        r = o.rank_hint
+        if r is None or r in taken:
+            if r is not None:
+                notes.append(f"{o.path}: rank {r} ({o.rank_source}) already taken by another file; numbered by order")
+            pending.append(o)
+            continue
+        o.meta.rank, o.meta.rank_source = r, o.rank_source
+        taken.add(r)
+    nxt = 0
+    for o in pending:
+        while nxt in taken:
+            nxt += 1
+        o.meta.rank, o.meta.rank_source = nxt, "order"
+        taken.add(nxt)
+        if len(outcomes) > 1:
+            notes.append(f"{o.path}: no rank in distributedInfo or file name; numbered {nxt} by order")
+    return notes
+
+
+def _renumber(o: RankOutcome, analysed_as: int) -> None:
+    """Facts made under the rank number the worker guessed, moved to the final one."""
+    if o.meta.rank == analysed_as:
+        return
+    for f in o.facts:
+        if f.rank == analysed_as:
+            f.rank = o.meta.rank
+    o.digest.rank = o.meta.rank
+
+
+def _file_note(o: RankOutcome, warning: str) -> str:
+    from .trace.loader import _names_a_file
+
+    return warning if _names_a_file(warning) else f"{o.meta.source}: {warning}"
+
+
+def gather(files: Sequence[str], results: Sequence[RankOutcome | LoadProblem | BaseException],
+           replay: SpilledReplay) -> StreamedJob:  # fmt: skip
+    """The cross-rank stage on the outcomes of the per-rank one (any executor's, in file order)."""
+    from .analyzers import analyze_cross_rank
+    from .fact_shift import shift_facts
+
+    outcomes: list[RankOutcome] = []
+    index: list[int] = []  # each outcome's place in ``files`` (its spilled replay's key)
+    problems: list[LoadProblem] = []
+    for i, (path, res) in enumerate(zip(files, results)):
+        if isinstance(res, RankOutcome):
+            outcomes.append(res)
+            index.append(i)
+        elif isinstance(res, LoadProblem):
+            problems.append(res)
+        else:
+            bad = BadTraceError(f"not analysed: {_why(res)}", path)
+            problems.append(LoadProblem(path=path, message=str(bad), exit_code=bad.exit_code))
+    if not outcomes:
+        if len(problems) == 1:
+            raise BadTraceError(problems[0].message.split(": ", 1)[-1], problems[0].path)
+        raise NoTracesError(f"none of the {len(files)} trace files could be loaded; first: {problems[0].message}")
+    analysed_as = [o.meta.rank for o in outcomes]
+    notes = _assign(outcomes)
+    for o, was, i in zip(outcomes, analysed_as, index):
+        _renumber(o, was)
+        replay.rename(("file", i), o.meta.rank)
+        notes.extend(_file_note(o, w) for w in o.warnings)
+    origin = min(o.first_us for o in outcomes)
+    outcomes.sort(key=lambda o: o.meta.rank)
+    digests = {}
+    stubs = {}
+    facts: list[Fact] = []
+    for o in outcomes:
+        delta = o.first_us - origin
+        o.meta.origin_us = origin
+        digests[o.meta.rank] = o.digest.shifted(delta)
+        shift_facts(o.facts, delta)
+        stubs[o.meta.rank] = RankStub(meta=o.meta, steps=range(o.steps_count), has_device=o.has_device,
+                                      span=(o.span[0] + delta, o.span[1] + delta))  # fmt: skip
+        facts.extend(o.facts)
+    facts.extend(analyze_cross_rank(digests, facts))
+    bundle = TraceBundle(ranks=stubs, problems=problems, warnings=notes, origin_us=origin)  # type: ignore[arg-type]
+    return StreamedJob(facts=facts, replay=replay, bundle=bundle)
+
+
+def _why(res: Any) -> str:
+    from .workers import Died
+
+    if isinstance(res, Died):
+        return res.describe()
+    return f"{type(res).__name__}: {res}"
+
+
+def settle(res: Any, index: int, replay: SpilledReplay, pool: FactPool) -> None:
+    """A finished rank made small as soon as it arrives: its replay state moved to disk (keyed
+    by the rank's place in the file list until ``gather`` knows its number), its facts sharing
+    what they have in common with the other ranks' (fact_compact.py)."""
+    if not isinstance(res, RankOutcome):
+        return
+    if res.replay is not None:
+        replay.put(("file", index), res.replay)
+        res.replay = None
+    pool.compact(res.facts)
+
+
+def analyse_local(files: Sequence[str], workers: int, progress: Progress | None = None) -> StreamedJob:
+    """Every rank through the local pool (``workers`` forked processes at a time)."""
+    from .workers import run_each
+
+    replay, pool = SpilledReplay(), FactPool()
+    finished = 0
+
+    def done(i: int, res: Any) -> None:
+        nonlocal finished
+        finished += 1
+        settle(res, i, replay, pool)
+        if progress:
+            progress(finished, len(files), files[i])
+
+    _preload()
+    results = run_each(analyse_rank_file, [(f,) for f in files], workers, done)
+    return gather(files, results, replay)
+
+
+def _preload() -> None:
+    """Import every reader and analyzer here, once, so that each forked worker has them rather
+    than importing them again for its one rank."""
+    import importlib
+
+    from . import analysis  # noqa: F401
+    from .analyzers import CROSS_RANK, PER_RANK
+    from .trace import ascend, kineto  # noqa: F401
+
+    for name in {*PER_RANK, *CROSS_RANK, "rank_digest", "whatif"}:
+        importlib.import_module(f"hermes_kb.analyzers.{name}")
+
+
+def stream_workers(n_files: int, workers: int | None) -> int:
+    from .cpus import usable_cpus
+
+    return max(1, min(n_files, workers or usable_cpus()))
+
+
+def analyse_files(files: Sequence[str], *, workers: int | None = None, dask: str | None = None,
+                  progress: Progress | None = None) -> StreamedJob:  # fmt: skip
+    """The streamed analysis of ``files`` (one per rank) locally or on a Dask scheduler."""
+    if dask:
+        from .dask_ranks import analyse_on_dask
+
+        return analyse_on_dask(files, dask, progress=progress)
+    return analyse_local(files, stream_workers(len(files), workers), progress)
+
+
+def dask_address(option: str | None) -> str | None:
+    """The scheduler from ``--dask`` or, without it, HERMES_DASK_SCHEDULER."""
+    return option or os.environ.get("HERMES_DASK_SCHEDULER") or None
+
+
+__all__ = ["RankOutcome", "RankStub", "SpilledReplay", "StreamedJob", "analyse_files", "analyse_local",
+           "analyse_rank_file", "dask_address", "gather", "settle", "stream_workers"]  # fmt: skip
