@@ -7,6 +7,8 @@ real Kineto trace in ../shared/data.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -398,3 +400,22 @@ def test_image_decoding_in_the_iterator(tmp_path):
     (f,) = facts_of(ctx, "dataloader_wait", step=None)
     assert f.decode_us == pytest.approx(500) and f.decode_ratio == pytest.approx(500 / 800)
     assert f.archive_us == 0 and f.file_opens_count == 0
+
+
+def test_recorded_archive_scenario_reads_as_archive_and_its_twin_does_not():
+    # benchmarks/scenarios/loader_compressed_archive: the bad run opens the zip and inflates a
+    # member per sample inside next(); its fixed twin indexes an unpacked memory-mapped array
+    from hermes_kb.run_advice import analyze_run_dir
+
+    zoo = Path(__file__).resolve().parents[1] / "benchmarks/scenarios/recorded/loader_compressed_archive"
+
+    def wait(variant):
+        return next(f for f in analyze_run_dir(zoo / variant).facts if f.kind == "dataloader_wait" and f.step is None)
+
+    bad, fixed = wait("bad"), wait("fixed")
+    assert bad.archive_ratio > 0.5 and bad.archive_us > 0.5 * bad.wait_us
+    assert not fixed.archive_us
+    top = hermes_kb.advise(str(zoo / "bad")).findings[0]
+    assert top.case_id == "C-IO-008"
+    # the fix removes the work: no CPU-budget cap, the high end reaches the archive's whole share
+    assert top.expected_speedup.high > 3.0
