@@ -119,27 +119,9 @@ def analyse_rank_file(path: str) -> RankOutcome | LoadProblem:
 def _assign(outcomes: list[RankOutcome]) -> list[str]:
     """Final rank numbers, as ``trace.loader.assign_ranks`` gives them: the hint unless another
     file took it first, else the next free number in file order."""
-    notes: list[str] = []
-    taken: set[int] = set()
-    pending: list[RankOutcome] = []
-    for o in outcomes:
-        r = o.rank_hint
-        if r is None or r in taken:
-            if r is not None:
-                notes.append(f"{o.path}: rank {r} ({o.rank_source}) already taken by another file; numbered by order")
-            pending.append(o)
-            continue
-        o.meta.rank, o.meta.rank_source = r, o.rank_source
-        taken.add(r)
-    nxt = 0
-    for o in pending:
-        while nxt in taken:
-            nxt += 1
-        o.meta.rank, o.meta.rank_source = nxt, "order"
-        taken.add(nxt)
-        if len(outcomes) > 1:
-            notes.append(f"{o.path}: no rank in distributedInfo or file name; numbered {nxt} by order")
-    return notes
+    from .trace.loader import number_ranks
+
+    return number_ranks([(o.meta, o.rank_hint, o.rank_source) for o in outcomes])
 
 
 def _renumber(o: RankOutcome, analysed_as: int) -> None:

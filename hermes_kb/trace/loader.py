@@ -17,7 +17,7 @@ from ..errors import BadTraceError, HermesError, InputNotFoundError, NoTracesErr
 from ..cpus import usable_cpus
 from ..workers import Died, run_each
 from .ascend_files import OUTPUT_DIR, ascend_rank_dir, find_ascend_ranks
-from .bundle import LoadProblem, RankTrace, TraceBundle
+from .bundle import LoadProblem, RankTrace, TraceBundle, TraceMeta
 from .kineto import distributed_rank, parse_kineto
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
@@ -138,30 +138,39 @@ def _names_a_file(warning: str) -> bool:
 
 def assign_ranks(traces: list[RankTrace]) -> list[str]:
     """Rank from distributedInfo.rank, else from the file name, else by order (with a warning)."""
-    notes: list[str] = []
-    taken: set[int] = set()
-    pending: list[RankTrace] = []
+    claims = []
     for t in traces:
         r = distributed_rank(t)
         how = "profiler_info" if t.meta.format == "ascend" else "distributedInfo"
         if r is None:
             r = rank_from_filename(t.meta.source)
             how = "filename"
+        claims.append((t.meta, r, how))
+    return number_ranks(claims)
+
+
+def number_ranks(claims: list[tuple[TraceMeta, int | None, str]]) -> list[str]:
+    """Final rank numbers for (meta, claimed rank, where the claim comes from), in file order: the
+    claim unless another file took it first, else the next free number (with a note)."""
+    notes: list[str] = []
+    taken: set[int] = set()
+    pending: list[TraceMeta] = []
+    for meta, r, how in claims:
         if r is None or r in taken:
             if r is not None:
-                notes.append(f"{t.meta.source}: rank {r} ({how}) already taken by another file; numbered by order")
-            pending.append(t)
+                notes.append(f"{meta.source}: rank {r} ({how}) already taken by another file; numbered by order")
+            pending.append(meta)
             continue
-        t.meta.rank, t.meta.rank_source = r, how
+        meta.rank, meta.rank_source = r, how
         taken.add(r)
     nxt = 0
-    for t in pending:
+    for meta in pending:
         while nxt in taken:
             nxt += 1
-        t.meta.rank, t.meta.rank_source = nxt, "order"
+        meta.rank, meta.rank_source = nxt, "order"
         taken.add(nxt)
-        if len(traces) > 1:
-            notes.append(f"{t.meta.source}: no rank in distributedInfo or file name; numbered {nxt} by order")
+        if len(claims) > 1:
+            notes.append(f"{meta.source}: no rank in distributedInfo or file name; numbered {nxt} by order")
     return notes
 
 
