@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -69,27 +69,36 @@ def test_a_damaged_rank_is_reported_by_name_and_the_rest_analysed(tmp_path):
     assert {f.rank for f in job.facts if f.rank is not None} == {0, 1, 2}
 
 
+_KILL_RANK1 = """
+import json, os, signal, sys
+from hermes_kb import rank_stream, workers
+
+assert workers.can_fork()
+files, real, parent = sys.argv[1:], rank_stream.analyse_rank_file, os.getpid()
+
+def dies_on_rank_1(path):
+    if path == files[1] and os.getpid() != parent:  # in a forked worker, never this process
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(path)
+
+rank_stream.analyse_rank_file = dies_on_rank_1
+job = rank_stream.analyse_local(files, workers=2)
+job.replay.close()
+print(json.dumps({"ranks": job.bundle.rank_ids, "problems": [[p.path, p.message] for p in job.bundle.problems]}))
+"""
+
+
 @needs_dlrm
-def test_a_worker_that_dies_costs_its_rank_only(tmp_path, monkeypatch):
-    from hermes_kb import workers
-
-    if not workers.can_fork():  # e.g. threads left by an earlier test: the ranks then run in-process
-        pytest.skip("forking is unsafe in this process (other threads are running)")
+def test_a_worker_that_dies_costs_its_rank_only(tmp_path):
+    # in a fresh process: threads other tests leave behind (Dask's) make forking unsafe here, and
+    # the ranks then run in-process, where the kill would end the test run itself
     files = [str(p) for p in _link_ranks(tmp_path, 3)]
-    real = rank_stream.analyse_rank_file
-    parent = os.getpid()
-
-    def dies_on_rank_1(path: str):
-        if path == files[1] and os.getpid() != parent:  # never the test process itself
-            os.kill(os.getpid(), signal.SIGKILL)
-        return real(path)
-
-    monkeypatch.setattr(rank_stream, "analyse_rank_file", dies_on_rank_1)
-    job = rank_stream.analyse_local(files, workers=2)
-    job.replay.close()
-    assert job.bundle.rank_ids == [0, 2]
-    (problem,) = job.bundle.problems
-    assert problem.path == files[1] and "SIGKILL" in problem.message
+    out = subprocess.run([sys.executable, "-c", _KILL_RANK1, *files], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["ranks"] == [0, 2]
+    ((path, message),) = got["problems"]
+    assert path == files[1] and "SIGKILL" in message
 
 
 def test_digest_shift_moves_every_absolute_time_and_nothing_else():
