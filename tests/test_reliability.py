@@ -451,6 +451,23 @@ def test_billion_laughs_is_refused_at_load_quickly(tmp_path):
     assert len(problems) == 1 and "once aliases are expanded" in problems[0]
 
 
+def test_a_file_without_anchors_is_counted_plainly_and_still_bounded(tmp_path):
+    from hermes_kb.kb import loader
+
+    # the plain count equals the alias-aware one on every shipped file without anchors
+    shipped = [p for d in ("rules", "cases") for p in sorted((ROOT / d).rglob("*.yaml"))]
+    plain = [p for p in shipped if "&" not in p.read_text()]
+    assert len(plain) > 100
+    for p in plain:
+        node = loader._compose(p.read_text())
+        assert loader._tree_nodes(node) == loader._expanded_nodes(node), p
+    # 100,001 scalars and their sequence, no anchor: refused on the plain count (~200 kB of text)
+    flat = "tell_apart: [" + "1," * loader.MAX_YAML_NODES + "1]\n"
+    rules, cases = _kb_dir(tmp_path, {"rules/a.yaml": RULE.replace("tell_apart", "x") + flat})
+    problems = _kb_problems(rules, cases)
+    assert len(problems) == 1 and "YAML nodes" in problems[0]
+
+
 @pytest.mark.parametrize("kind", ["non_utf8", "directory", "dangling", "fifo", "recursive_alias", "huge"])
 def test_unreadable_kb_files_are_one_line_problems(tmp_path, kind):
     rules, cases = _kb_dir(tmp_path, {"rules/good.yaml": RULE})

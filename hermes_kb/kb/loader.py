@@ -187,6 +187,24 @@ def _expanded_nodes(root) -> int:
     return memo.get(id(root), 1)
 
 
+def _tree_nodes(root) -> int:
+    """How many nodes a document without anchors has (nothing shared: a plain walk), stopping
+    just above MAX_YAML_NODES."""
+    n, stack = 0, [root]
+    while stack:
+        node = stack.pop()
+        n += 1
+        if n > MAX_YAML_NODES:
+            break
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                stack.append(k)
+                stack.append(v)
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+    return n
+
+
 def _text(path: Path, what: str) -> str:
     """The file as text: a regular file, at most MAX_YAML_BYTES, UTF-8."""
     from ..limits import read_limited
@@ -210,7 +228,9 @@ def _compose(text: str):
         node = loader.get_single_node()
     finally:
         loader.dispose()
-    if node is not None and _expanded_nodes(node) > MAX_YAML_NODES:
+    # an alias needs an anchor ("&"): without one no node is shared and a plain count is exact
+    count = _expanded_nodes if "&" in text else _tree_nodes
+    if node is not None and count(node) > MAX_YAML_NODES:
         mark = node.start_mark
         raise YamlLimitError(f"more than {MAX_YAML_NODES:,} YAML nodes once aliases are expanded: refused "
                              "(a billion-laughs file?)", mark.line + 1, mark.column + 1)  # fmt: skip
