@@ -140,15 +140,12 @@ def _steps_spanned(t: float, rank: int | None, windows: dict[int | None, tuple[f
     return n if n > 1 and abs(t - total) <= 0.02 * total else 1
 
 
-def _mean_step(facts: list[dict[str, Any]]) -> dict[int | None, float]:
-    per_rank: dict[int | None, list[float]] = defaultdict(list)
-    for f in facts:
-        if f.get("kind") == "step_time" and isinstance(f.get("duration_us"), (int, float)):
-            per_rank[f.get("rank")].append(float(f["duration_us"]))
-    out = {r: statistics.fmean(v) for r, v in per_rank.items() if v}
-    alls = [x for v in per_rank.values() for x in v]
-    if alls:
-        out[None] = statistics.fmean(alls)
+def _mean_step(windows: dict[int | None, tuple[float, int]]) -> dict[int | None, float]:
+    """Mean step time per rank, and over all ranks' steps (key None)."""
+    out = {r: total / n for r, (total, n) in windows.items() if n}
+    n_all = sum(n for _, n in windows.values())
+    if n_all:
+        out[None] = sum(total for total, _ in windows.values()) / n_all
     return out
 
 
@@ -326,8 +323,8 @@ def findings_from(inf: Inference, kb: KnowledgeBase, platform: str) -> list[Find
 def _findings(inf: Inference, kb: KnowledgeBase, platform: str) -> tuple[list[Finding], dict[str, list[_MatchGain]]]:
     """One finding per case, and per case the gains of its matches (for the combined replay)."""
     cases = {e.item.id: e.item for e in kb.cases}
-    step_means = _mean_step(inf.facts)
     windows = _windows(inf.facts)
+    step_means = _mean_step(windows)
     whatif = _whatif_index(inf)
     bds = _breakdowns(inf.facts)
     by_case: dict[str, list[Match]] = defaultdict(list)

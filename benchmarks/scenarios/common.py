@@ -74,6 +74,20 @@ class Label:
     notes: list[str] = field(default_factory=list)
 
 
+def loader_train_step(state: dict, loader, model, opt, loss_fn) -> None:
+    """One training step on the next batch of ``state["it"]`` (a new epoch when the loader is
+    exhausted): what the DataLoader scenarios time."""
+    try:
+        x, y = next(state["it"])
+    except StopIteration:
+        state["it"] = iter(loader)
+        x, y = next(state["it"])
+    opt.zero_grad(set_to_none=True)
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    opt.step()
+
+
 def small_cnn():
     """The small CNN several scenarios train on 3x32x32 images (conv 3->16->32, two linear layers)."""
     from torch import nn

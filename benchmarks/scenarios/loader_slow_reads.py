@@ -166,15 +166,7 @@ def make_run(variant: str) -> Run:
         state["it"] = iter(loader)
 
     def step(i: int) -> None:
-        try:
-            x, y = next(state["it"])
-        except StopIteration:
-            state["it"] = iter(loader)
-            x, y = next(state["it"])
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
+        common.loader_train_step(state, loader, model, opt, loss_fn)
 
     def teardown() -> None:
         state.clear()
