@@ -68,6 +68,22 @@ def times(events: list[ks.Event], path: str, what: str) -> tuple[np.ndarray, np.
     return ts, dur
 
 
+def _duplicate_candidates(ts: np.ndarray, dur: np.ndarray, name: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """The rows of ``idx`` sharing (ts, dur, name) with another: only they can be exact
+    duplicates, so the all-column comparison runs on them alone (usually none)."""
+    if len(idx) < 2:
+        return idx
+    key_ts, key_dur, key_name = ts[idx], dur[idx], name[idx]
+    order = np.lexsort((key_name, key_dur, key_ts))
+    same = (np.diff(key_ts[order]) == 0) & (np.diff(key_dur[order]) == 0) & (np.diff(key_name[order]) == 0)
+    if not same.any():
+        return idx[:0]
+    hit = np.zeros(len(idx), dtype=bool)
+    hit[order[1:][same]] = True
+    hit[order[:-1][same]] = True
+    return idx[hit]  # ascending, so "first copy kept" still means the earliest event
+
+
 class FrameBuilder:
     """Collects chunks of one event category. Subclasses add their own columns."""
 
@@ -122,7 +138,7 @@ class FrameBuilder:
         if not keep.all():
             i = int(np.flatnonzero(~keep)[0])
             self.drops.add(self.what, vd.OUTSIDE, int((~keep).sum()), vd.example(self._name(cols, i), ts[i], dur[i]))
-        idx = np.flatnonzero(keep)
+        idx = _duplicate_candidates(ts, dur, cols["name"], np.flatnonzero(keep))
         if len(idx) > 1:
             dup = pd.DataFrame({k: v[idx] for k, v in cols.items() if v.ndim == 1}).duplicated().to_numpy()
             if dup.any():

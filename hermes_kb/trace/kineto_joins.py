@@ -24,9 +24,9 @@ def collectives(cpu_ops: pd.DataFrame, cpu_args: dict, kernels: pd.DataFrame, ke
     param_set = set(coll_rows)
     cpu_ext = cpu_ops["ext_id"].to_numpy()
     parent = cpu_ops["parent"].to_numpy()
-    ext_index: dict[int, int] = {}
-    for idx in np.flatnonzero(cpu_ext >= 0).tolist():
-        ext_index.setdefault(int(cpu_ext[idx]), idx)
+    with_ext = np.flatnonzero(cpu_ext >= 0)
+    uniq, first = np.unique(cpu_ext[with_ext], return_index=True)  # the first op of each External id
+    ext_index: dict[int, int] = dict(zip(uniq.tolist(), with_ext[first].tolist()))
     for i in coll_rows:  # the recording op wins over an enclosing op with the same External id
         ext_index[int(cpu_ext[i])] = i
     cpu_cols = {c: cpu_ops[c].to_numpy() for c in ("ts", "dur", "ext_id")}
