@@ -206,6 +206,8 @@ def rank_collectives(ctx: RankContext) -> pd.DataFrame:
         "out_bytes",
         "seq",
         "collective",
+        "in_split",
+        "out_split",
     ]
     if not len(c):
         out = pd.DataFrame({k: pd.Series(dtype=object) for k in cols + ["step", "pg", "msg_bytes", "n"]})
@@ -243,6 +245,52 @@ def _issue_time(ctx: RankContext) -> np.ndarray:
     has_cpu = (cidx >= 0) & (cidx < len(t.cpu_ops))
     out[has_cpu] = t.cpu_ops["ts"].to_numpy(float)[cidx[has_cpu]]
     return out
+
+
+def _split_list(text: str) -> list[float]:
+    if not text or text == "[]":
+        return []
+    try:
+        v = json.loads(text)
+    except ValueError:
+        return [float(x) for x in re.findall(r"\d+(?:\.\d+)?", text)]
+    if not isinstance(v, list):
+        return []
+    try:
+        return [float(x) for x in v]
+    except (TypeError, ValueError):
+        return []
+
+
+def split_imbalance(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Per collective, from the all-to-all split sizes the trace records (``In split size`` /
+    ``Out split size``, elements per peer): the side (send or receive) whose pieces are the
+    most uneven, as (sum of its pieces, largest piece x number of peers). A pairwise exchange
+    finishes with its largest piece, so with every piece as large as the largest one the
+    exchange would take the same time: sum / (max x n) is the share of that time the bytes
+    actually need. (0, 0) where no split list of at least two peers with data is recorded,
+    and for every collective that is not an all_to_all."""
+    n = len(df)
+    total, cost = np.zeros(n), np.zeros(n)
+    if not n or "in_split" not in df.columns:
+        return total, cost
+    kinds = df["kind"].to_numpy()
+    cache: dict[str, list[float]] = {}
+    for i in np.flatnonzero(kinds == "all_to_all").tolist():
+        best = None
+        for text in (df["in_split"].iat[i], df["out_split"].iat[i]):
+            t = str(text)
+            parts = cache.get(t)
+            if parts is None:
+                parts = cache[t] = _split_list(t)
+            if len(parts) < 2 or max(parts) <= 0:
+                continue
+            s, c = float(sum(parts)), float(max(parts)) * len(parts)
+            if best is None or 1.0 - s / c > 1.0 - best[0] / best[1]:
+                best = (s, c)
+        if best is not None:
+            total[i], cost[i] = best
+    return total, cost
 
 
 def compute_union(ctx: RankContext) -> iv.Intervals:
@@ -289,6 +337,8 @@ def per_rank(ctx: RankContext) -> list:
     exposed = np.where(is_kernel, dur - iv.overlap_length(ts, end, cu), np.nan)
     size = df["msg_bytes"].to_numpy()
     sized = size >= 0
+    split_total, split_cost = split_imbalance(df)
+    split_any = split_cost > 0
     work = pd.DataFrame(
         {
             "pg": df["pg"],
@@ -310,6 +360,10 @@ def per_rank(ctx: RankContext) -> list:
             "msg_bw": np.where(
                 sized & (size >= TINY_MESSAGE_BYTES) & (dur > 0), size / np.maximum(dur, 1e-9) / 1e3, 0.0
             ),
+            "split_n": split_any,
+            "split_total": split_total,
+            "split_cost": split_cost,
+            "split_excess": np.where(split_any, dur * (1.0 - split_total / np.maximum(split_cost, 1e-9)), 0.0),
         }
     )
     keys = ["pg", "pg_ranks", "kind", "source"]
@@ -326,6 +380,10 @@ def per_rank(ctx: RankContext) -> list:
         "nonempty",
         "unaligned",
         "mib",
+        "split_n",
+        "split_total",
+        "split_cost",
+        "split_excess",
     ]
     g = gb[sums].sum().rename(columns={"dur": "time", "size": "bytes"})
     g["count"] = gb.size()
@@ -417,6 +475,15 @@ def per_rank(ctx: RankContext) -> list:
                 small_messages_ratio=_ratio(row.tiny + row.mid, sized_n) if sized_n else None,
                 unaligned_512_count=int(row.unaligned),
                 unaligned_512_ratio=_ratio(row.unaligned, row.nonempty) if row.nonempty else None,
+                per_step_count=float(row.count) / len(ctx.windows) if ctx.windows else None,
+                splits_count=int(row.split_n),
+                split_imbalance_ratio=(
+                    _ratio(row.split_cost - row.split_total, row.split_cost) if row.split_n else None
+                ),
+                split_excess_us=float(row.split_excess) if row.split_n else None,
+                split_excess_share_ratio=(
+                    _ratio(row.split_excess, ctx.windows_us) if row.split_n and ctx.windows_us > 0 else None
+                ),
                 evidence=Evidence(
                     time_ranges_us=[(float(ex["first"]), float(ex["last"]))],
                     events=[str(ex["name"])],
@@ -549,6 +616,7 @@ def cross_rank(contexts: dict, facts: list) -> list:
     if not len(df):
         return []
     out = []
+    stages = {f.rank: (tuple(f.pp_ranks), f.stage_index) for f in facts if getattr(f, "kind", None) == "pipeline_stage"}
     keys = ["pg", "pg_ranks", "kind", "source"]
     for key, grp in df.groupby(keys, sort=False):  # one per (group, kind): a handful
         ranks_present = sorted(grp["rank"].unique().tolist())
@@ -558,6 +626,7 @@ def cross_rank(contexts: dict, facts: list) -> list:
         inst_cols = ["seq"] if by_seq else ["step", "occ"]
         fact = _sync_wait(key, grp, inst_cols, ranks_present, "seq" if by_seq else "step_order")
         if fact is not None:
+            fact.pipeline_p2p = key[2] in P2P_KINDS and _pipeline_neighbours(ranks_present, stages)
             out.append(fact)
     out.sort(key=lambda f: -f.wait_total_us)
     out = out[:MAX_GROUP_FACTS]
@@ -572,6 +641,18 @@ def cross_rank(contexts: dict, facts: list) -> list:
                                       others))  # fmt: skip
     stalls.sort(key=lambda f: -f.excess_us)
     return out + stalls[: MAX_GROUP_FACTS * len(contexts)]
+
+
+P2P_KINDS = ("send_recv", "send", "recv")
+
+
+def _pipeline_neighbours(ranks: list[int], stages: dict[int, tuple[tuple, int]]) -> bool:
+    """Two ranks of one pipeline group at different stages: their point-to-point messages are
+    the pipeline's activations and gradients, whose waits are the pipeline schedule's."""
+    if len(ranks) != 2 or any(r not in stages for r in ranks):
+        return False
+    (pp_a, st_a), (pp_b, st_b) = stages[ranks[0]], stages[ranks[1]]
+    return pp_a == pp_b and st_a != st_b
 
 
 def _sync_wait(
@@ -639,6 +720,7 @@ def _sync_wait(
         slowest_rank_share_ratio=float(slow[1]) / n_inst,
         most_waiting_rank=int(waiting[0]),
         most_waiting_rank_share_ratio=float(waiting[1]) / n_inst,
+        most_waiting_rank_wait_us=float(wait_all[waiting[0]]),
         arrival_spread_mean_us=float((agg["ts_hi"] - agg["ts_lo"]).mean()),
         evidence=Evidence(
             time_ranges_us=[(float(w["ts"].min()), end_hi)],

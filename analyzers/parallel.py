@@ -94,15 +94,28 @@ def cross_rank(contexts: dict, facts: list) -> list:
     comps = {r: d.components for r, d in digests.items() if d.windows and d.components is not None}
     with_compute = {r for r in comps if digests[r].device_compute}
     out: list = []
+    stage_of = _stage_of(facts)
     if len(comps) >= 2:
         ranks = sorted(comps)
+        stages = _stage_groups(ranks, stage_of)
         for comp, col in COMPONENTS:
             # compute is compared only between ranks that recorded device compute
             use = [r for r in ranks if r in with_compute] if comp == "compute" else ranks
+            if stages and comp != "step_time":
+                # pipeline stages do different work by design: who the others wait for is
+                # found among the ranks of one stage (stage against stage: pipeline_stage_balance)
+                for name, members in stages:
+                    sub = [r for r in members if r in use]
+                    f = _imbalance(comps, sub, comp, col, name) if len(sub) >= 2 else None
+                    if f is not None:
+                        out.append(f)
+                continue
             f = _imbalance(comps, use, comp, col, None) if len(use) >= 2 else None
             if f is not None:
                 out.append(f)
         for name, members in _subgroups(digests, set(ranks)):
+            if len({stage_of.get(r) for r in members}) > 1:
+                continue  # a group spanning pipeline stages (the pipeline group itself)
             for comp, col in COMPONENTS[1::2]:  # compute and non_communication: who the group waits for
                 use = [r for r in members if r in with_compute] if comp == "compute" else members
                 f = _imbalance(comps, use, comp, col, name) if len(use) >= 2 else None
@@ -114,6 +127,22 @@ def cross_rank(contexts: dict, facts: list) -> list:
             out.append(f)
     out.extend(_stage_balance(facts, comps, with_compute))
     return out
+
+
+def _stage_of(facts: list) -> dict[int, int]:
+    """Each rank's pipeline stage (position in its pipeline group), from pipeline_stage facts."""
+    return {f.rank: f.stage_index for f in facts if getattr(f, "kind", None) == "pipeline_stage" and f.rank is not None}
+
+
+def _stage_groups(ranks: list[int], stage_of: dict[int, int]) -> list[tuple[str, list[int]]]:
+    """The ranks of each pipeline stage, when every compared rank has a known stage and they
+    span at least two stages; otherwise none (the ranks are compared all together)."""
+    if not ranks or any(r not in stage_of for r in ranks) or len({stage_of[r] for r in ranks}) < 2:
+        return []
+    by: dict[int, list[int]] = {}
+    for r in ranks:
+        by.setdefault(stage_of[r], []).append(r)
+    return [(f"pipeline stage {k}", members) for k, members in sorted(by.items())]
 
 
 def _stage_balance(facts: list, comps: dict, with_compute: set[int]) -> list:

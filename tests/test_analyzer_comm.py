@@ -259,6 +259,8 @@ def test_cross_rank_r_wait_by_hand(tmp_path):
     # waited less in total (rank 1: 100 µs)
     assert f.slowest_rank == 1 and f.slowest_rank_share_ratio == 0.5
     assert f.most_waiting_rank == 0 and f.most_waiting_rank_share_ratio == 1.0
+    assert f.most_waiting_rank_wait_us == pytest.approx(500.0)  # rank 0's share of wait_total_us
+    assert f.pipeline_p2p is False  # an all-reduce of three ranks
     # start spreads: 900 - 700 = 200 and 1500 - 1200 = 300 -> mean 250
     assert f.arrival_spread_mean_us == pytest.approx(250.0)
     # evidence points at the instance with the most waiting (instance 2: 1200 .. 1600)
@@ -468,3 +470,43 @@ def test_transfer_stall_needs_comparable_clocks(tmp_path):
     bundle = hermes_kb.load(tmp_path)
     ctxs = {r: step_context(bundle[r])[0] for r in bundle.rank_ids}
     assert not [f for f in comm.cross_rank(ctxs, []) if f.kind == "comm_transfer_stall"]
+
+
+def test_all_to_all_split_imbalance_and_per_step_count(tmp_path):
+    # two steps, one all_to_all each on a 4-rank group, split sizes in elements per peer:
+    #   step 1 [100, 600): in [1, 1, 1, 5] (sum 8, largest 5 x 4 peers = 20: 1 - 8/20 = 0.6),
+    #          out [2, 2, 2, 2] (even: 0) -> the send side; excess 500 x 0.6 = 300 µs
+    #   step 2 [1100, 1300): in [2, 2, 2, 2] (even), out [4, 4, 4, 0] (sum 12, 4 x 4 = 16:
+    #          1 - 12/16 = 0.25) -> the receive side; excess 200 x 0.25 = 50 µs
+    # aggregate: 1 - (8 + 12) / (20 + 16) = 1 - 20/36 = 0.4444; excess 350 µs; 2 per 2 steps = 1.0
+    ev = [X("user_annotation", "ProfilerStep#1", 0, 1000), X("user_annotation", "ProfilerStep#2", 1000, 1000)]
+    a2a = "ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)"
+    for ts, dur, ext, corr, ins, outs in ((100, 500, 10, 1, [1, 1, 1, 5], [2, 2, 2, 2]),
+                                          (1100, 200, 20, 2, [2, 2, 2, 2], [4, 4, 4, 0])):  # fmt: skip
+        evs = collective(ts, dur, ext, corr, sum(ins), name="all_to_all", kernel=a2a)
+        evs[0]["args"]["In split size"] = ins
+        evs[0]["args"]["Out split size"] = outs
+        ev += evs
+    ev += collective(1500, 100, ext=30, corr=3, nelems=1000)  # an all_reduce: no split fields
+    p = write_trace(tmp_path / "rank0.json", ev, deviceProperties=A100,
+                    distributedInfo={"rank": 0, "world_size": 4, "backend": "nccl"})  # fmt: skip
+    ctx, _ = step_context(hermes_kb.load(p)[0])
+    stats = {f.collective: f for f in comm.per_rank(ctx) if f.kind == "comm_stats"}
+    a = stats["all_to_all"]
+    assert a.collectives_count == 2 and a.splits_count == 2
+    assert a.per_step_count == pytest.approx(1.0)
+    assert a.split_imbalance_ratio == pytest.approx(1 - 20 / 36)
+    assert a.split_excess_us == pytest.approx(350.0)
+    assert a.split_excess_share_ratio == pytest.approx(350.0 / 2000.0)  # two 1000 µs steps
+    r = stats["all_reduce"]
+    assert r.splits_count == 0 and r.split_imbalance_ratio is None and r.split_excess_us is None
+    assert r.per_step_count == pytest.approx(0.5)  # one all_reduce over two steps
+
+
+def test_pipeline_neighbours_are_two_stages_of_one_pipeline_group():
+    stages = {0: ((0, 2), 0), 2: ((0, 2), 1), 1: ((1, 3), 0), 3: ((1, 3), 1), 4: ((0, 2), 0)}
+    assert comm._pipeline_neighbours([0, 2], stages)
+    assert not comm._pipeline_neighbours([0, 1], stages)  # two pipelines' first stages (data parallel)
+    assert not comm._pipeline_neighbours([0, 4], stages)  # the same stage
+    assert not comm._pipeline_neighbours([0, 5], stages)  # rank 5: stage unknown
+    assert not comm._pipeline_neighbours([0, 2, 1], stages)  # three ranks: an all-to-all, not a stage pair

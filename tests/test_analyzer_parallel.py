@@ -197,3 +197,26 @@ def test_pipeline_stage_balance_by_hand(tmp_path):
 
     again = [f for f in parallel.cross_rank(as_digests(ctxs), per_rank) if f.kind == "pipeline_stage_balance"]
     assert sorted(f.excess_us for f in again) == pytest.approx([50.0, 200.0])
+
+
+def test_pipeline_stages_compared_within_a_stage(tmp_path):
+    # the three ranks of test_imbalance_by_hand, ranks 0 and 1 in pipeline stage 0, rank 2 in
+    # stage 1: stage 1 does other work by design, so the imbalance is found inside stage 0 only
+    from hermes_kb.facts.parallel import PipelineStage
+
+    ctxs = three_ranks(tmp_path, compute=(100, 200, 600))
+    stages = [
+        PipelineStage(rank=r, process_group=f"pp{r % 2}", pp_ranks=[r % 2, 2], stage_index=s, stages_count=2)
+        for r, s in ((0, 0), (1, 0), (2, 1))
+    ]
+    facts = parallel.cross_rank(ctxs, stages)
+    assert not {c for c in by_component(facts)} - {"step_time"}  # only the step time job-wide
+    inside = by_component(facts, pg="pipeline stage 0")
+    assert set(inside) == {"compute", "communication", "non_communication"}
+    # compute 100 and 200 -> mean 150, max 200 (rank 1); communication 700 and 300 -> max rank 0;
+    # non-communication 2000 - comm = 1300 and 1700 -> max rank 1
+    assert inside["compute"].max_rank == 1 and inside["compute"].imbalance_ratio == pytest.approx(1 - 150 / 200)
+    assert inside["communication"].max_rank == 0 and inside["communication"].imbalance_ratio == pytest.approx(1 - 500 / 700)
+    assert inside["non_communication"].max_rank == 1
+    assert inside["non_communication"].imbalance_ratio == pytest.approx(1 - 1500 / 1700)
+    assert not by_component(facts, pg="pipeline stage 1")  # one rank: nothing to compare

@@ -73,6 +73,25 @@ class CommStats(Fact):
         "count", "sized non-empty messages whose size is not a multiple of 512 B", default=0
     )
     unaligned_512_ratio: float | None = ratio("unaligned_512_count / sized non-empty messages", default=None)
+    per_step_count: float | None = measure(
+        "count", "collectives_count / analysed steps: how many of them each step issues", default=None
+    )
+    splits_count: int = measure(
+        "count", "all_to_all collectives with per-peer split sizes recorded (In / Out split size)", default=0
+    )
+    split_imbalance_ratio: float | None = ratio(
+        "1 - sum of the pieces / (largest piece x peers), summed over those collectives (the more uneven of "
+        "the send and receive side of each): 0 when every peer gets the same amount",
+        default=None,
+    )
+    split_excess_us: float | None = us(
+        "sum over those collectives of duration x (1 - pieces / (largest piece x peers)): the part of their "
+        "time that evenly split pieces of the same total would not need",
+        default=None,
+    )
+    split_excess_share_ratio: float | None = ratio(
+        "split_excess_us / the rank's analysed time", default=None
+    )
 
 
 class CommSummary(Fact):
@@ -133,6 +152,14 @@ class CommSyncWait(Fact):
         description="rank most often first to arrive (longest collective: waits most)"
     )
     most_waiting_rank_share_ratio: float = ratio("share of instances where most_waiting_rank waited longest")
+    pipeline_p2p: bool = Field(
+        default=False,
+        description="point-to-point messages between two stages of one pipeline group (their waits are the pipeline's)",
+    )
+    most_waiting_rank_wait_us: float | None = us(
+        "waiting time of most_waiting_rank summed over the matched instances: the most a fix of the late "
+        "arrival can take off that rank", default=None
+    )
     arrival_spread_mean_us: float = us(
         "mean over instances of (latest start - earliest start); valid only when the ranks' clocks agree"
     )
