@@ -476,6 +476,19 @@ PYTHON_IO_RE = re.compile(
 )
 
 
+# Input preparation called inline on the host threads (not from a DataLoader): image, video and
+# audio decoding and transforms, tokenizers, Hugging Face processors and pipelines' preprocess.
+# Matched on the frame's file path (``path(line): function``), as with_stack names it.
+PREPROCESS_RE = re.compile(
+    r"(^|/)(PIL|torchvision/(transforms|io|datasets)|cv2|av|decord|torchaudio|librosa|albumentations|"
+    r"kornia/augmentation|timm/data|tokenizers|imageio|soundfile)/"
+    r"|transformers/(image_processing|feature_extraction|processing_utils|tokenization|image_transforms|image_utils|"
+    r"video_utils|video_processing|audio_utils)\w*\.py\("
+    r"|transformers/models/\w+/(image_processing|feature_extraction|processing|tokenization|video_processing)_\w+\.py\("
+    r"|transformers/pipelines/\w+\.py\(\d+\): (preprocess|read_video_\w+|load_image|ffmpeg_read)$"
+)
+
+
 # hermes' own monitor as with_stack names its frames (.../hermes_kb/monitor/recorder.py(202): step)
 MONITOR_FRAME_RE = re.compile(r"hermes_kb/monitor/\w+\.py\(\d+\)")
 
@@ -532,6 +545,8 @@ def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
     py_names = py["name"].to_numpy()[pmask] if len(py) else np.zeros(0, dtype=object)
     io_mask = pmask & name_mask(py["name"], PYTHON_IO_RE) if len(py) else np.zeros(0, bool)
     P_io = iv.union(py["ts"].to_numpy()[io_mask], py["end"].to_numpy()[io_mask]) if len(py) else iv.EMPTY
+    pre_mask = pmask & name_mask(py["name"], PREPROCESS_RE) if len(py) else np.zeros(0, bool)
+    P_pre = iv.union(py["ts"].to_numpy()[pre_mask], py["end"].to_numpy()[pre_mask]) if len(py) else iv.EMPTY
 
     def label(j: int) -> str:
         src, row = c_src[j], c_row[j]
@@ -563,6 +578,7 @@ def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
         gap_e.append(ge)
         py_part = iv.overlap_length(gs, ge, P) if len(gs) else np.zeros(0)
         io_part = iv.overlap_length(gs, ge, P_io) if len(gs) else np.zeros(0)
+        pre_part = iv.overlap_length(gs, ge, P_pre) if len(gs) and len(P_pre[0]) else np.zeros(len(gs))
         top = np.argsort(-glen, kind="stable")[:TOP_GAPS]
         gaps = []
         for j in top:
@@ -574,12 +590,13 @@ def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
         pauses = _irregular_pauses(gs[large], ge[large], frames) if frames is not None else []
         mon_s, mon_e = iv.clip(M, a, b)
         rows.append({"step": w.step, "window": b - a, "step_us": w.duration_us, "outside": float(glen.sum()), "py": float(py_part.sum()),
-                     "io": float(io_part.sum()), "mon": float((mon_e - mon_s).sum()),
+                     "io": float(io_part.sum()), "pre": float(pre_part.sum()), "mon": float((mon_e - mon_s).sum()),
                      "n": len(glen), "nl": int(large.sum()), "ll": float(glen[large].sum()), "gaps": gaps,
                      "pauses": pauses})  # fmt: skip
     if not rows:
         return []
-    _register_gaps(ctx, np.concatenate(gap_s), np.concatenate(gap_e), P_io)
+    _register_gaps(ctx, np.concatenate(gap_s), np.concatenate(gap_e), P_io, P_pre)
+    pre_frames = _outer_frames(py[pre_mask]) if pre_mask.any() else []
     pz = [p for r in rows for p in r["pauses"]]
     if pz and (tid := main_tid(ctx.trace)) is not None:
         register(ctx, WhatIfSet.of_intervals("python_pauses", "gaps where ordinary Python code paused for milliseconds",
@@ -591,10 +608,13 @@ def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
         pyt = min(sum(r["py"] for r in rs), out)
         pio = min(sum(r["io"] for r in rs), pyt)
         n_io, excess, blocking = _blocking_io(rs, pio) if step is None else (0, None, pio)
+        pre = min(sum(r["pre"] for r in rs), pyt)
         return UntracedHostTime(
             rank=tr.rank, step=step, window_us=win, outside_ops_us=out, python_us=pyt, untraced_us=out - pyt,
             python_io_us=pio, python_io_ratio=div(pio, win), python_io_share_ratio=div(pio, pyt),
             io_steps_count=n_io, io_step_excess_us=excess, blocking_io_us=blocking,
+            python_preprocess_us=pre, python_preprocess_ratio=div(pre, win), python_preprocess_share_ratio=div(pre, pyt),
+            preprocess_frames=pre_frames if pre > 0 else [],
             monitor_us=sum(r["mon"] for r in rs),
             outside_ops_ratio=div(out, win), python_ratio=div(pyt, win), untraced_ratio=div(out - pyt, win),
             gaps_count=sum(r["n"] for r in rs), large_gap_threshold_us=LARGE_GAP_US,
@@ -665,7 +685,25 @@ def _top_names(pauses) -> list[str]:
     return [n for n, _ in sorted(tot.items(), key=lambda x: -x[1])[:TOP_GAPS]]
 
 
-def _register_gaps(ctx: RankContext, gs: np.ndarray, ge: np.ndarray, p_io: iv.Intervals) -> None:
+def _outer_frames(py: pd.DataFrame, n: int = 3) -> list[str]:
+    """Names of the outermost of these frames (not inside another of them on its thread), most
+    time first."""
+    ts, end = py["ts"].to_numpy(float), py["end"].to_numpy(float)
+    tid = py["tid"].to_numpy() if "tid" in py else np.zeros(len(py), np.int64)
+    names = py["name"].astype(str).to_numpy()
+    order = np.lexsort((-(end - ts), ts, tid))
+    tot: dict[str, float] = {}
+    cur_tid, cur_end = None, -np.inf
+    for i in order.tolist():
+        if tid[i] == cur_tid and end[i] <= cur_end:
+            continue  # nested in the outer frame being walked
+        cur_tid, cur_end = tid[i], end[i]
+        tot[names[i]] = tot.get(names[i], 0.0) + float(end[i] - ts[i])
+    return [k for k, _ in sorted(tot.items(), key=lambda kv: -kv[1])[:n]]
+
+
+def _register_gaps(ctx: RankContext, gs: np.ndarray, ge: np.ndarray, p_io: iv.Intervals,
+                   p_pre: iv.Intervals = iv.EMPTY) -> None:  # fmt: skip
     """What-if sets of the host time no operator covers (on the thread that drives the steps)."""
     tid = main_tid(ctx.trace)
     if tid is None or not len(gs):
@@ -680,6 +718,10 @@ def _register_gaps(ctx: RankContext, gs: np.ndarray, ge: np.ndarray, p_io: iv.In
     if len(io_s):
         register(ctx, WhatIfSet.of_intervals("python_io", "Python frames blocking on I/O between operators",
                                              tid, io_s, io_e))  # fmt: skip
+    pre_s, pre_e = iv.intersect(iv.union(gs, ge), p_pre)
+    if len(pre_s):
+        register(ctx, WhatIfSet.of_intervals("python_preprocess", "input preprocessing frames between operators",
+                                             tid, pre_s, pre_e))  # fmt: skip
 
 
 # ---------------------------------------------------------------- host-to-device copies

@@ -288,6 +288,57 @@ def test_python_io_time_is_separated_from_other_python(tmp_path):
     assert u.python_io_share_ratio == pytest.approx(250 / 800) and u.python_io_ratio == pytest.approx(250 / 1000)
 
 
+def test_inline_preprocessing_time_is_measured_between_operators(tmp_path):
+    # step [0, 1000): ops cover [0, 100) and [900, 1000). Python between them [100, 900): a
+    # pipeline's preprocess frame [150, 650) holding an image processor [200, 600), and inside
+    # it an operator [300, 350) (an operator, not Python: not counted); model code the rest.
+    # Preprocessing between operators = 500 - 50 = 450 µs of the 800 µs of Python.
+    from analyzers.steps import step_context
+    from analyzers import io as io_an
+
+    ev = [
+        X("user_annotation", "ProfilerStep#1", 0, 1000),
+        X("cpu_op", "aten::mm", 0, 100),
+        X("cpu_op", "aten::add", 900, 100),
+        X("cpu_op", "aten::div", 300, 50),
+        X("python_function", "run.py(10): step", 100, 800, args={"Python id": 1}),
+        X("python_function", "transformers/pipelines/video_classification.py(129): preprocess", 150, 500,
+          args={"Python id": 2, "Python parent id": 1}),
+        X("python_function", "transformers/models/videomae/image_processing_videomae.py(235): preprocess", 200, 400,
+          args={"Python id": 3, "Python parent id": 2}),
+        X("python_function", "transformers/modeling_utils.py(1): forward", 700, 150, args={"Python id": 4, "Python parent id": 1}),
+    ]  # fmt: skip
+    t = next(iter(hermes_kb.load(write_trace(tmp_path / "t.json", ev))))
+    ctx, _ = step_context(t)
+    u = next(f for f in io_an.per_rank(ctx) if f.kind == "untraced_host_time" and f.step is None)
+    assert u.python_us == 750.0  # 800 minus the operator inside
+    assert u.python_preprocess_us == 450.0
+    assert u.python_preprocess_share_ratio == pytest.approx(450 / 750)
+    assert u.python_preprocess_ratio == pytest.approx(450 / 1000)
+    assert u.preprocess_frames == ["transformers/pipelines/video_classification.py(129): preprocess"]
+    pre = ctx.shared["whatif_sets"]["python_preprocess"]  # the what-if set the case's gain replays
+    assert list(zip(pre.host_start, pre.host_end)) == [(150.0, 300.0), (350.0, 650.0)]
+
+
+@pytest.mark.parametrize("name, hit", [
+    ("PIL/Image.py(3210): open", True),
+    ("torchvision/transforms/transforms.py(354): forward", True),
+    ("transformers/image_processing_utils.py(40): __call__", True),
+    ("transformers/models/clip/image_processing_clip.py(300): preprocess", True),
+    ("transformers/models/bert/tokenization_bert_fast.py(10): __call__", True),
+    ("transformers/pipelines/image_classification.py(150): preprocess", True),
+    ("transformers/pipelines/image_classification.py(160): _forward", False),
+    ("transformers/models/bert/modeling_bert.py(400): forward", False),
+    ("torch/nn/modules/module.py(1743): _call_impl", False),
+    ("my_av/model.py(3): forward", False),
+    ("numpy/core/fromnumeric.py(50): sum", False),
+])
+def test_preprocess_frames_by_path(name, hit):
+    from analyzers.io import PREPROCESS_RE
+
+    assert bool(PREPROCESS_RE.search(name)) is hit
+
+
 def test_periodic_io_steps_count_all_they_add(tmp_path):
     # Four steps. Steps 1 and 3: 1000 µs of ops. Steps 2 and 4 save a checkpoint: the same ops, then
     # 3000 µs of save_checkpoint, of which a torch.save frame of 2000 µs (I/O); the other 1000 µs

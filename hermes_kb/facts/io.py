@@ -169,6 +169,16 @@ class UntracedHostTime(Fact):
         "window; covered like an operator, so not part of outside_ops_us or python_us", default=0.0,
     )
     python_io_share_ratio: float = ratio("python_io_us / python_us: how much of the Python time is blocking I/O", default=0.0)
+    python_preprocess_us: float = us(
+        "part of python_us inside input-preprocessing frames on the host threads, outside any DataLoader: image, "
+        "video and audio decoding and transforms, tokenizers, Hugging Face processors and pipeline preprocess "
+        "(analyzers/io.py PREPROCESS_RE)", default=0.0,
+    )
+    python_preprocess_ratio: float = ratio("python_preprocess_us / window_us", default=0.0)
+    python_preprocess_share_ratio: float = ratio(
+        "python_preprocess_us / python_us: how much of the Python time prepares inputs", default=0.0)
+    preprocess_frames: list[str] = Field(
+        default_factory=list, description="the outermost input-preprocessing frames, most time first (3 at most)")
     outside_ops_ratio: float = ratio("outside_ops_us / window_us")
     python_ratio: float = ratio("python_us / window_us")
     untraced_ratio: float = ratio("untraced_us / window_us")
