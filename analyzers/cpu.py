@@ -202,6 +202,7 @@ def _launch(ctx: RankContext, host: iv.Intervals, has_ops: bool) -> list[Fact]:
             hw_count = int((valid & (lts > prev_end)).sum())
 
     lsel = rdur[launch]
+    stall = _stalled_launches(tr, launch, rdur, lsel)
     names = rt["name"][launch].value_counts().head(5)
     names = names[names > 0]
     return [LaunchOverhead(
@@ -212,6 +213,11 @@ def _launch(ctx: RankContext, host: iv.Intervals, has_ops: bool) -> list[Fact]:
         host_us_per_kernel=(host_us / nk) if (host_us is not None and nk) else None,
         queue_p50_us=_pctl(queue, 50), queue_p95_us=_pctl(queue, 95),
         host_wait_kernels_count=hw_count, host_wait_kernels_ratio=div(hw_count, hw_total),
+        stalled_launches_count=stall["count"], stalled_launch_us=stall["us"],
+        stalled_launch_ratio=div(stall["us"], float(np.sum(he - hs))) if len(hs) else 0.0,
+        stalled_device_idle_ratio=stall["idle_ratio"], stalled_first_use_count=stall["first_use"],
+        stalled_first_use_ratio=div(stall["first_use"], stall["count"]) if stall["count"] else None,
+        stalled_kernels=stall["kernels"],
         evidence=Evidence(
             time_ranges_us=[ctx.span], events=[str(n) for n in names.index],
             counts={str(k): int(v) for k, v in names.items()} | {"kernels_linked": nk, "device_activities_checked": hw_total},
@@ -219,6 +225,45 @@ def _launch(ctx: RankContext, host: iv.Intervals, has_ops: bool) -> list[Fact]:
                  "host_wait: launch call start > end of the previous activity on the same stream (HTA idle breakdown)",
         ),
     )]  # fmt: skip
+
+
+STALL_MIN_US = 1000.0  # a launch call this long is not launching any more ...
+STALL_FACTOR = 50.0  # ... when it also takes this many times the median launch call
+
+
+def _stalled_launches(tr, launch: np.ndarray, rdur: np.ndarray, lsel: np.ndarray) -> dict:
+    """Launch calls in the steps that take milliseconds (>= STALL_MIN_US and >= STALL_FACTOR x the
+    median launch call): their time, the share of it the device sat idle, and how many started
+    the first kernel of its name in the trace (a first use: the driver loading the kernel's
+    module or code object, CUDA's lazy loading)."""
+    out = {"count": 0, "us": 0.0, "idle_ratio": None, "first_use": 0, "kernels": []}
+    if not len(lsel):
+        return out
+    bound = max(STALL_MIN_US, STALL_FACTOR * float(np.median(lsel)))
+    rows = np.flatnonzero(launch & (rdur >= bound))
+    if not len(rows):
+        return out
+    rt, kn, lk = tr.runtime, tr.kernels, tr.links
+    ts, end = rt["ts"].to_numpy()[rows], rt["end"].to_numpy()[rows]
+    device = iv.union(np.concatenate([kn["ts"].to_numpy(), tr.memcpy["ts"].to_numpy()]),
+                      np.concatenate([kn["end"].to_numpy(), tr.memcpy["end"].to_numpy()]))  # fmt: skip
+    busy = float(iv.overlap_length(ts, end, device).sum())
+    total = float((end - ts).sum())
+    first_use, kernels = 0, []
+    if len(lk) and len(kn):
+        km = (lk["gpu_kind"] == "kernel").to_numpy()
+        by_runtime = dict(zip(lk["runtime_idx"].to_numpy()[km].tolist(), lk["gpu_idx"].to_numpy()[km].tolist()))
+        names = kn["name"].astype(str).to_numpy()
+        first = pd.Series(kn["ts"].to_numpy()).groupby(names).transform("min").to_numpy()
+        for r in rows.tolist():
+            g = by_runtime.get(r)
+            if g is None or not 0 <= g < len(kn):
+                continue
+            base = names[g].split("(")[0]  # the kernel's name without its parameter list ...
+            kernels.append((base[: base.index("<")] + "<...>" if "<" in base else base)[:100])  # ... and template
+            first_use += int(kn["ts"].to_numpy()[g] <= first[g])
+    return {"count": len(rows), "us": total, "idle_ratio": 1.0 - busy / total if total > 0 else None,
+            "first_use": first_use, "kernels": kernels[:3]}  # fmt: skip
 
 
 # ---------------------------------------------------------------- host vs device busy

@@ -382,6 +382,7 @@ def _findings(inf: Inference, kb: KnowledgeBase, platform: str) -> tuple[list[Fi
                 share_of_step_ratio=round(min(share, 1.0), 4),
                 removable_us=Removable(low=round(rm_lo, 3), high=round(rm_hi, 3)),
                 replayed=case.gain.whatif is not None and "Replayed" in typical.note,
+                profile_only=tuple(case.gain.fraction) == (0.0, 0.0),
                 whatif_target=case.gain.whatif.target if case.gain.whatif is not None else None,
                 component=_component_of(case),
                 assumption=assumption,

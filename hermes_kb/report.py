@@ -56,6 +56,11 @@ class Finding(BaseModel):
         default=None, description="the step-breakdown component the cause sits in")
     replayed: bool = Field(default=False, description="the range comes from a replay of the dependency graph")
     whatif_target: str | None = Field(default=None, description="the events the replay shortened")
+    profile_only: bool = Field(
+        default=False,
+        description="the finding is about the profile itself (a one-off cost such as warm-up captured in the "
+                    "analysed steps): its fix makes the profile representative and changes no steady-state step time; "
+                    "text reports show it whatever its speedup")
     assumption: str = Field(description="how the speedup range was computed")
     ranks: list[int]
     steps: list[int]

@@ -133,6 +133,8 @@ def _why(kb: KnowledgeBase, case: Case, facts: list[dict[str, Any]], rank: int |
          fired: dict[str, Finding]) -> tuple[int, str]:  # fmt: skip
     f = fired.get(case.id)
     if f is not None and (not f.ranks or rank in f.ranks):
+        if f.profile_only:
+            return 99, "fired: the profile itself is the finding (a one-off cost in the analysed steps), see the findings"
         if f.expected_speedup.high < MIN_REPORTED_SPEEDUP:
             return 99, (f"fired, but its fix removes little of the step here "
                         f"({f.expected_speedup.low:.2f}x-{f.expected_speedup.high:.2f}x)")  # fmt: skip

@@ -93,3 +93,22 @@ def test_python_engine_gives_the_same_report():
     b = hermes_kb.advise(EXAMPLE, engine="auto")
     assert [f.case_id for f in a.findings] == [f.case_id for f in b.findings]
     assert a.kb.engine == "python"
+
+
+def test_profile_only_finding_is_shown_whatever_its_speedup():
+    # hta's MI250 toy trace: one 6.5 ms hipLaunchKernel, the first use of its kernel, while the
+    # device idles. C-CPU-046 removes nothing from the steady state (gain fraction [0, 0]) but
+    # says the profile captured warm-up: the text reports show it although it is under 1.02x.
+    from conftest import SHARED
+
+    path = SHARED / "hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz"
+    if not path.exists():
+        pytest.skip("needs ../shared/data")
+    from hermes_kb.advisor import advise
+
+    report = advise(path)
+    first = report.findings[0]
+    assert first.case_id == "C-CPU-046" and first.profile_only
+    assert first.expected_speedup.high == 1.0 and first.category == "cpu"
+    md = render_markdown(report)
+    assert "C-CPU-046" in md and "left out" not in md

@@ -78,6 +78,37 @@ def test_launch_overhead_of_tiny_kernels(tmp_path):
     assert f.host_us_per_kernel == pytest.approx((200 + 40) / 4)
 
 
+def test_stalled_launch_on_a_kernels_first_use(tmp_path):
+    # one step [0, 10000): five launches of 20 µs and one of 5000 µs (its kernel's first use,
+    # nothing running on the device meanwhile); then the same kernel launched again quickly
+    ev = [X("user_annotation", "ProfilerStep#1", 0, 10000)]
+    for i, (t0, ldur, name) in enumerate([(100, 20, "a"), (300, 20, "b"), (500, 5000, "loaded"), (5600, 20, "loaded"),
+                                          (5800, 20, "a"), (6000, 20, "b")]):  # fmt: skip
+        ev += [OP("aten::add", t0, ldur + 30, 10 + i), RT("cudaLaunchKernel", t0 + 10, ldur, 100 + i, 10 + i),
+               K(name, t0 + ldur + 15, 5, 100 + i)]  # fmt: skip
+    (ctx,) = contexts(write_trace(tmp_path / "t.json", ev))
+    (f,) = facts_of(ctx, "launch_overhead")
+    # median launch 20 µs: only the 5000 µs call passes max(1 ms, 50 x 20 µs)
+    assert f.stalled_launches_count == 1 and f.stalled_launch_us == 5000.0
+    assert f.stalled_launch_ratio == pytest.approx(5000 / 10000)
+    assert f.stalled_device_idle_ratio == 1.0  # kernels end at 140 and start at 5525
+    assert f.stalled_first_use_count == 1 and f.stalled_first_use_ratio == 1.0
+    assert f.stalled_kernels == ["loaded"]
+
+
+def test_stalled_launch_while_the_device_is_busy_is_not_idle(tmp_path):
+    # the long launch waits while a 6 ms kernel runs (a full queue), on a kernel seen before
+    ev = [X("user_annotation", "ProfilerStep#1", 0, 10000), OP("aten::mm", 50, 40, 1), RT("cudaLaunchKernel", 60, 20, 99, 1),
+          K("gemm", 90, 6000, 99)]  # fmt: skip
+    for i, (t0, ldur) in enumerate([(200, 20), (400, 20), (600, 3000), (3800, 20), (4000, 20)]):
+        ev += [OP("aten::add", t0, ldur + 30, 10 + i), RT("cudaLaunchKernel", t0 + 10, ldur, 100 + i, 10 + i),
+               K("add", 6100 + 10 * i, 5, 100 + i)]  # fmt: skip
+    (ctx,) = contexts(write_trace(tmp_path / "t.json", ev))
+    (f,) = facts_of(ctx, "launch_overhead")
+    assert f.stalled_launches_count == 1 and f.stalled_device_idle_ratio == 0.0
+    assert f.stalled_first_use_count == 0  # "add" ran first at 6100, before this launch's kernel at 6120
+
+
 def test_host_device_busy(tmp_path):
     (ctx,) = contexts(write_trace(tmp_path / "t.json", LAUNCH_TRACE))
     (s1,) = facts_of(ctx, "host_device_busy", step=1)

@@ -45,6 +45,21 @@ class LaunchOverhead(Fact):
         "kernels/copies launched only after the previous activity on their stream had ended (HTA host_wait)",
     )
     host_wait_kernels_ratio: float = ratio("host_wait_kernels_count / device activities with a launch call")
+    stalled_launches_count: int = measure(
+        "count", "launch calls in the steps of at least 1 ms and 50x the median launch call (the call itself "
+        "stalled: loading a module, a blocked driver)", default=0,
+    )
+    stalled_launch_us: float = us("their summed duration", default=0.0)
+    stalled_launch_ratio: float = ratio("stalled_launch_us / the host windows of the analysed steps", default=0.0)
+    stalled_device_idle_ratio: float | None = ratio(
+        "share of stalled_launch_us the device had no kernel or copy running (null without stalls)", default=None)
+    stalled_first_use_count: int = measure(
+        "count", "stalled launches that started the first kernel of its name in the trace (a kernel's first use)",
+        default=0,
+    )
+    stalled_first_use_ratio: float | None = ratio(
+        "stalled_first_use_count / stalled_launches_count (null without stalls)", default=None)
+    stalled_kernels: list[str] = Field(default_factory=list, description="names of the stalled launches' kernels (3 at most)")
 
 
 class HostDeviceBusy(Fact):

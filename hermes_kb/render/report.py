@@ -145,7 +145,7 @@ def breakdown_rows(report: Report, max_rows: int | None = MAX_RANK_ROWS) -> list
 
 
 def shown_findings(report: Report) -> tuple[list, int]:
-    shown = [f for f in report.findings if f.expected_speedup.high >= MIN_SPEEDUP]
+    shown = [f for f in report.findings if f.expected_speedup.high >= MIN_SPEEDUP or f.profile_only]
     return shown, len(report.findings) - len(shown)
 
 
