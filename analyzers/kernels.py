@@ -1288,6 +1288,8 @@ def _sdpa_math(ctx: RankContext, act: _Acts, k: _Acts, launcher: np.ndarray | No
 def per_rank(ctx: RankContext) -> list[Fact]:
     got = ctx.shared.pop("compute_kernels", None)  # large arrays: not kept in the context once used
     try:
+        if ctx.windows and got is not None and not len(ctx.trace.kernels):
+            return cpu_op_facts(ctx)  # a CPU-only trace: the mechanisms that show in the operators
         if not ctx.windows or got is None or not len(got["act"]) or not len(got["k"]):
             return []
         return kernel_facts(ctx, got["act"], got["k"], got["device"], got["fp32_tf32"], got["devices"],
@@ -1502,6 +1504,98 @@ def _train_mode(ctx: RankContext, act: _Acts, k: _Acts, launcher: np.ndarray | N
                           note="no autograd::engine backward node in the analysed windows; kernels launched under "
                                "native_dropout / bernoulli_, dropout kernels and batch-norm training-statistics "
                                "kernels by name"),
+    )]  # fmt: skip
+
+
+_DROPOUT_WRAPPERS = frozenset({"aten::dropout", "aten::feature_dropout", "aten::alpha_dropout",
+                               "aten::feature_alpha_dropout"})  # fmt: skip
+# batch-norm operators whose Concrete Inputs hold `training` as argument 5 (input, weight, bias,
+# running_mean, running_var, training, momentum, eps[, cudnn_enabled])
+_BN_OPS = frozenset({"aten::batch_norm", "aten::_batch_norm_impl_index", "aten::native_batch_norm",
+                     "aten::_native_batch_norm_legit"})  # fmt: skip
+_BN_TRAIN_OPS = frozenset({"aten::_batch_norm_with_update"})  # always the training behaviour
+
+
+def _bn_training(txt: str) -> bool:
+    """A batch-norm call's `training` argument from its Concrete Inputs (False when not recorded)."""
+    try:
+        c = json.loads(txt) if txt else None
+    except (TypeError, ValueError):
+        return False
+    return isinstance(c, list) and len(c) > 5 and str(c[5]).strip('"') == "True"
+
+
+def cpu_op_facts(ctx: RankContext) -> list[Fact]:
+    """Per-kernel mechanisms that a CPU-only trace shows in its operators instead of kernels."""
+    return _train_mode_cpu(ctx)
+
+
+def _train_mode_cpu(ctx: RankContext) -> list[Fact]:
+    """_train_mode on a CPU-only trace: the operators compute the training behaviour themselves.
+    A dropout call in training mode runs bernoulli_ (or native_dropout) inside it (in eval mode
+    aten::dropout returns its input and calls nothing); a batch-norm call in training mode has
+    training=True among its Concrete Inputs (or is _batch_norm_with_update). The time is each
+    outermost such call's duration, the share is of the operators' self time in the windows."""
+    from .compute import _CPU_COMM, _cpu_self_time
+
+    ops = ctx.trace.cpu_ops
+    if not len(ops):
+        return []
+    names_v, ncodes = _cat_apply(ops["name"], str)
+    win = _in_windows(ctx, ops["ts"].to_numpy())
+    if not win.any():
+        return []
+    bwd_v = np.array([bool(_BACKWARD.search(n)) for n in names_v], dtype=bool)
+    if int((bwd_v[ncodes] & win).sum()):
+        return []  # a training step: dropout and batch statistics belong to it
+    parent, depth = ops["parent"].to_numpy(), ops["depth"].to_numpy()
+    ok_p = parent >= 0
+    # dropout: the outermost dropout operator of each call tree that draws a mask
+    mask_v = np.array([n in _DROPOUT_OPS for n in names_v], dtype=bool)
+    drop_v = mask_v | np.array([n in _DROPOUT_WRAPPERS for n in names_v], dtype=bool)
+    drop = drop_v[ncodes]
+    draws = mask_v[ncodes].copy()
+    for d in range(int(depth.max()), 0, -1):  # a mask drawn anywhere below marks the ancestors
+        rows = np.flatnonzero((depth == d) & draws & ok_p)
+        draws[parent[rows]] = True
+    # batch norm: calls with training=True (the outermost batch-norm operator of each tree)
+    bn_names = np.array([n in _BN_OPS for n in names_v], dtype=bool)
+    bn_train_v = np.array([n in _BN_TRAIN_OPS for n in names_v], dtype=bool)
+    bn = (bn_names | bn_train_v)[ncodes]
+    bn_tr = bn_train_v[ncodes].copy()
+    if "concrete_inputs" in ops.columns and (bn_names[ncodes] & win).any():
+        cv, cc = _cat_apply(ops["concrete_inputs"], str)
+        tr_v = np.array([_bn_training(t) for t in cv], dtype=bool)
+        bn_tr |= bn_names[ncodes] & tr_v[cc]
+    for d in range(int(depth.max()), 0, -1):  # training=True anywhere below marks the ancestors
+        rows = np.flatnonzero((depth == d) & bn_tr & ok_p)
+        bn_tr[parent[rows]] = True
+    anc = np.zeros(len(ops), dtype=bool)  # an ancestor of the same family (dropout or batch norm)
+    anc[ok_p] = _down(parent, depth, drop | bn)[parent[ok_p]]
+    dcall = drop & draws & ~anc & win
+    bcall = bn & bn_tr & ~anc & win
+    m = dcall | bcall
+    if not m.any():
+        return []
+    dur = ops["dur"].to_numpy()
+    st = _cpu_self_time(ops)[win]
+    comp_v = np.array([not _CPU_COMM.search(n) for n in names_v], dtype=bool)
+    comp = float(st[comp_v[ncodes][win]].sum())
+    t = float(dur[m].sum())
+    rows = np.flatnonzero(m)
+    register(ctx, WhatIfSet.of_intervals("train_mode_kernels", "dropout and training-mode batch-norm operators of "
+                                         "a forward-only run", ops["tid"].to_numpy()[rows],
+                                         ops["ts"].to_numpy()[rows], ops["end"].to_numpy()[rows]))  # fmt: skip
+    top = _top(names_v[ncodes][m], dur[m])
+    return [TrainModeInference(
+        rank=ctx.rank, backward_nodes_count=0, dropout_calls_count=int(dcall.sum()),
+        batchnorm_train_calls_count=int(bcall.sum()), train_mode_kernels_count=int(m.sum()), train_mode_time_us=t,
+        share_of_device_time_ratio=_ratio(t / comp) if comp else 0.0, top_kernel=top,
+        evidence=Evidence(time_ranges_us=[ctx.span], events=[top], counts={"cpu_ops": int(m.sum())},
+                          note="CPU-only trace: no autograd backward operator in the analysed windows; dropout "
+                               "operators that draw a mask (bernoulli_ / native_dropout inside) and batch-norm "
+                               "operators called with training=True (Concrete Inputs); time = the outermost "
+                               "calls' durations, share = of the operators' self time (operators stand for kernels)"),
     )]  # fmt: skip
 
 

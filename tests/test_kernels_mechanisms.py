@@ -287,3 +287,66 @@ def test_sort_kernels(tmp_path):
     # sorts 10 + 30 + 20 = 60 of 200 µs: unique 40, argsort 20
     assert (f.kernels_count, f.time_us) == (3, 60) and f.share_of_device_time_ratio == pytest.approx(0.3)
     assert f.operators == ["aten::unique", "aten::argsort"] and f.top_operator == "aten::unique"
+
+
+# --- training-mode layers in a forward-only run, CPU-only trace (operators, no kernels) ----------------
+BN_TRAIN_ARGS = ["", "", "", "", "", "True", "0.1", "1e-05"]  # training is Concrete Input 5
+BN_EVAL_ARGS = ["", "", "", "", "", "False", "0.1", "1e-05"]
+
+
+def _cop(t: T, name: str, ts, dur, ext: int, concrete: list | None = None) -> None:
+    args = {"External id": ext, **({"Concrete Inputs": concrete} if concrete else {})}
+    t.ev.append(X("cpu_op", name, ts, dur, args=args))
+
+
+def _cpu_eval_ops(t: T) -> None:
+    # eval mode: aten::dropout(train=False) returns its input and calls nothing; batch norm training=False
+    _cop(t, "aten::conv2d", 10, 100, 1)
+    _cop(t, "aten::batch_norm", 300, 10, 8, BN_EVAL_ARGS + ["True"])
+    _cop(t, "aten::native_batch_norm", 301, 8, 9, BN_EVAL_ARGS)
+    _cop(t, "aten::dropout", 320, 1, 10, ["", "0.3", "False"])
+
+
+def _cpu_forward(t: T) -> None:
+    # train mode: aten::dropout(train=True) draws a mask (bernoulli_, div_, mul inside it), and a batch
+    # norm called with training=True; beside them the eval-mode calls of _cpu_eval_ops
+    _cpu_eval_ops(t)
+    _cop(t, "aten::dropout", 120, 40, 2, ["", "0.3", "True"])
+    _cop(t, "aten::bernoulli_", 125, 20, 3)
+    _cop(t, "aten::div_", 146, 5, 4)
+    _cop(t, "aten::mul", 152, 6, 5)
+    _cop(t, "aten::batch_norm", 200, 30, 6, BN_TRAIN_ARGS + ["True"])
+    _cop(t, "aten::native_batch_norm", 202, 26, 7, BN_TRAIN_ARGS)
+
+
+def _cpu_facts(tmp_path: Path, t: T, kind: str):
+    b = hermes_kb.load(write_trace(tmp_path / "t.json", t.ev))
+    _, fs = analyze_rank(next(iter(b)))
+    assert not [f for f in fs if isinstance(f, AnalyzerError)]
+    return [f for f in fs if f.kind == kind]
+
+
+def test_train_mode_in_forward_only_cpu_run(tmp_path):
+    t = T()
+    _cpu_forward(t)
+    (f,) = _cpu_facts(tmp_path, t, "train_mode_inference")
+    # the train-mode dropout call (40) and the training batch norm (30): 70 µs; the eval-mode batch norm
+    # and dropout do not count. Operator self time: conv 100 + dropout 40 + batch norms 30 + 10 + dropout 1
+    # = 181 µs -> 70 / 181
+    assert (f.backward_nodes_count, f.dropout_calls_count, f.batchnorm_train_calls_count) == (0, 1, 1)
+    assert (f.train_mode_kernels_count, f.train_mode_time_us) == (2, 70)
+    assert f.share_of_device_time_ratio == pytest.approx(70 / 181)
+    assert f.top_kernel == "aten::dropout"
+
+
+def test_no_train_mode_fact_in_a_cpu_training_step(tmp_path):
+    t = T()
+    _cpu_forward(t)
+    _cop(t, "autograd::engine::evaluate_function: ConvolutionBackward0", 400, 50, 11)
+    assert not _cpu_facts(tmp_path, t, "train_mode_inference")
+
+
+def test_no_train_mode_fact_in_an_eval_mode_cpu_run(tmp_path):
+    t = T()
+    _cpu_eval_ops(t)
+    assert not _cpu_facts(tmp_path, t, "train_mode_inference")
