@@ -122,6 +122,7 @@ def _leaf_mark(nodes, loc: tuple, field: str) -> tuple[int, int] | None:
 
 
 def _where(path: str, nodes, loc: tuple, msg: str, field: str | None = None) -> str:
+    nodes = nodes.get() if isinstance(nodes, _LazyNodes) else nodes
     line, col = _mark(nodes, loc) if nodes is not None else (1, 1)
     if field is not None and nodes is not None:
         line, col = _leaf_mark(nodes, loc, field) or (line, col)
@@ -245,10 +246,33 @@ def _construct(text: str, node) -> Any:
         loader.dispose()
 
 
+class _LazyNodes:
+    """A file's node tree, composed only when a problem needs a line and column."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._node: Any = None
+        self._done = False
+
+    def get(self):
+        if not self._done:
+            self._node, self._done = _compose(self.text), True
+        return self._node
+
+
 def _read(path: Path) -> tuple[Any, Any]:
     """The document and its node tree (for error positions), parsed with a safe loader, within
-    the size limits (bytes, then nodes after alias expansion) before anything is constructed."""
+    the size limits (bytes, then nodes after alias expansion) before anything is constructed.
+    A file without anchors and of at most MAX_YAML_NODES characters cannot hold more nodes
+    than that (every node takes at least one character, and without an anchor nothing is
+    shared): it is loaded in one pass and its node tree composed only if a problem needs it."""
     text = _text(path, "a YAML file")
+    if "&" not in text and len(text) <= MAX_YAML_NODES:
+        loader = _SAFE_LOADER(text)
+        try:
+            return loader.get_single_data(), _LazyNodes(text)
+        finally:
+            loader.dispose()
     node = _compose(text)
     return _construct(text, node), node
 
