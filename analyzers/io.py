@@ -466,13 +466,16 @@ def _gap_python(
 
 # Python frames that block on files, storage, sockets or the clock (with_stack names):
 # builtins such as open/fsync/sleep, file and pickler methods, torch.save/load, logging, json/pickle.
+# json: only json.load / json.dump, which read or write a file; json.loads / json.dumps parse or
+# format a string in memory (CPU work: a shard of annotations parsed in the step is not I/O).
 PYTHON_IO_RE = re.compile(
     r"^<built-in function (open|fsync|fdatasync|sleep|select|poll)>"
     r"|^<built-in method (write|writelines|flush|read|readinto|readline|readlines|close|dump|dumps|load|"
     r"write_record|write_end_of_file|send|sendall|recv|recv_into) of "
     r"|torch/serialization\.py\(\d+\): (save|load|_save|_load)\b"
     r"|logging/__init__\.py\(\d+\): (emit|flush|handle)\b"
-    r"|(^|/)(pickle|json/__init__|shutil|gzip|tarfile|zipfile|socket|ssl)\.py\("
+    r"|(^|/)json/__init__\.py\(\d+\): (load|dump)$"
+    r"|(^|/)(pickle|shutil|gzip|tarfile|zipfile|socket|ssl)\.py\("
 )
 
 

@@ -339,6 +339,22 @@ def test_preprocess_frames_by_path(name, hit):
     assert bool(PREPROCESS_RE.search(name)) is hit
 
 
+@pytest.mark.parametrize("name,hit", [
+    ("json/__init__.py(293): load", True),  # json.load(fp): reads the file
+    ("json/__init__.py(179): dump", True),  # json.dump(obj, fp): writes it
+    ("/usr/lib/python3.11/json/__init__.py(293): load", True),
+    ("json/__init__.py(346): loads", False),  # a string parsed in memory: CPU work, not I/O
+    ("json/__init__.py(231): dumps", False),
+    ("json/decoder.py(337): decode", False),
+    ("pickle.py(1205): load", True),
+    ("<built-in method read of _io.BufferedReader object at 0x7f>", True),
+])
+def test_python_io_frames_json_file_calls_only(name, hit):
+    from analyzers.io import PYTHON_IO_RE
+
+    assert bool(PYTHON_IO_RE.search(name)) is hit
+
+
 def test_periodic_io_steps_count_all_they_add(tmp_path):
     # Four steps. Steps 1 and 3: 1000 µs of ops. Steps 2 and 4 save a checkpoint: the same ops, then
     # 3000 µs of save_checkpoint, of which a torch.save frame of 2000 µs (I/O); the other 1000 µs

@@ -130,6 +130,15 @@ def wait_for_quiet() -> dict:
             "waited_s": round(time.monotonic() - t0, 1)}
 
 
+_RUNNING: list = []  # the Monitor of the monitored run in progress (at most one)
+
+
+def running_monitor():
+    """The Monitor of the monitored run in progress, None in the timed rounds: a step that marks
+    events (``mon.event("checkpoint")``) or iterates ``mon.wrap(loader)`` asks for it here."""
+    return _RUNNING[-1] if _RUNNING else None
+
+
 def _profile(run: Run, run_dir: Path) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile, schedule
@@ -145,6 +154,7 @@ def _profile(run: Run, run_dir: Path) -> None:
     mon = Monitor(run_dir, rank=0, samples_per_step=run.samples_per_step, sample_every=2, procs_every_s=0.5,
                   capture=False, device_events=False)  # fmt: skip
     mon.start()
+    _RUNNING.append(mon)
     try:
         i = 0
         for i in range(WARMUP):
@@ -177,6 +187,7 @@ def _profile(run: Run, run_dir: Path) -> None:
             with open(raw, "rb") as src, gzip.GzipFile(path, "wb", mtime=0) as dst:
                 shutil.copyfileobj(src, dst)
     finally:
+        _RUNNING.remove(mon)
         mon.close()
         run.teardown()
 
