@@ -42,8 +42,10 @@ import pandas as pd
 from hermes_kb.facts.base import Evidence, Fact
 from hermes_kb.facts.critical_path import CriticalPath, CriticalPathOp, CriticalPathStep
 
+from . import intervals as iv
 from .context import RankContext
 from .cpu import SYNC_OPS
+from .overlap import gloo_waits
 
 CATEGORIES = (
     "cpu_op", "host_gap", "launch", "runtime", "sync_wait", "kernel", "communication", "memcpy", "device_idle"
@@ -224,6 +226,14 @@ def build_graph(ctx: RankContext) -> Graph:
         am = np.zeros(0, dtype=bool)
     a_tid = ann["tid"].to_numpy(np.int64)[am]
     a_s, a_e = ann["ts"].to_numpy(np.float64)[am], ann["end"].to_numpy(np.float64)[am]
+    # CPU training with gloo: the driving thread's gaps while a gloo collective is at work are
+    # waiting for it (overlap.gloo_waits): the collectives' stretches are laid on that thread as
+    # annotations, and the gaps they name are communication
+    mt0 = main_tid(ctx)
+    (w_s, w_e), w_names = gloo_waits(tr, mt0) if mt0 in tids else (iv.EMPTY, [])
+    n_ann = len(a_s)
+    a_tid = np.concatenate([a_tid, np.full(len(w_s), mt0, dtype=np.int64)])
+    a_s, a_e = np.concatenate([a_s, w_s]), np.concatenate([a_e, w_e])
     o_ts, o_end = cpu["ts"].to_numpy(np.float64)[top], cpu["end"].to_numpy(np.float64)[top]
     rt_ts, rt_end = rt["ts"].to_numpy(np.float64), rt["end"].to_numpy(np.float64)
     key = _Keyer([o_ts, o_end, rt_ts, rt_end, a_s, a_e])
@@ -316,7 +326,10 @@ def build_graph(ctx: RankContext) -> Graph:
     a_sk, a_ek = key(a_code, a_s), key(a_code, a_e)
     ao = np.lexsort((-a_ek, a_sk))
     a_sk, a_ek = a_sk[ao], a_ek[ao]
-    a_name = names.add(ann["name"])[am][ao] if len(ao) else np.zeros(0, dtype=np.int64)
+    a_name = (np.concatenate([names.add(ann["name"])[am] if n_ann else np.zeros(0, dtype=np.int64),
+                              np.array([names.id(n) for n in w_names], dtype=np.int64)])[ao]
+              if len(ao) else np.zeros(0, dtype=np.int64))  # fmt: skip
+    a_comm = (np.arange(len(a_s)) >= n_ann)[ao]  # the gloo stretches
 
     # ---- elementary pieces of each thread's timeline, merged into segments ----------------------
     n_sp = int(has_split.sum())
@@ -384,6 +397,8 @@ def build_graph(ctx: RankContext) -> Graph:
     s_gap = s_label < 0
     named_gap = s_gap & (s_ai >= 0)
     s_name[named_gap] = a_name[s_ai[named_gap]]
+    if len(w_s):
+        s_cat[named_gap] = np.where(a_comm[s_ai[named_gap]], COMM, HOST_GAP)
     has_op = s_op >= 0
     s_opname = np.where(has_op, o_name[np.clip(s_op, 0, None)] if nO else 0, 0)
     s_inst = np.where(has_op, s_op, nO + np.arange(nS))

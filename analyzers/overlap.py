@@ -285,10 +285,41 @@ def host_comm(trace: RankTrace) -> tuple[iv.Intervals, int]:
     ann = trace.annotations
     if not len(ann):
         return iv.EMPTY, 0
-    g = _per_name(ann["name"], lambda c: c.str.startswith(GLOO_PREFIX).to_numpy(dtype=bool)).astype(bool)
+    g = gloo_mask(ann)
     if not g.any():
         return iv.EMPTY, 0
     return iv.union(ann["ts"].to_numpy()[g], ann["end"].to_numpy()[g]), int(g.sum())
+
+
+def gloo_mask(ann: pd.DataFrame) -> np.ndarray:
+    """The annotations that are gloo collectives at work (``gloo:*``, recorded on gloo's worker
+    threads while a collective runs)."""
+    if not len(ann):
+        return np.zeros(0, dtype=bool)
+    return _per_name(ann["name"], lambda c: c.str.startswith(GLOO_PREFIX).to_numpy(dtype=bool)).astype(bool)
+
+
+def gloo_waits(trace: RankTrace, thread: int) -> tuple[iv.Intervals, list[str]]:
+    """On a trace without device activity (CPU training), the stretches in which a gloo
+    collective of this rank is at work on gloo's threads, as intervals for ``thread`` (the
+    driving thread), each named after the first gloo annotation in it. A gloo collective is
+    blocking for its caller (``dist.all_reduce`` waits for its work before returning) and DDP waits
+    for its gloo buckets at the end of the backward pass, with no operator recorded on the caller's
+    thread while it waits: what that thread does not spend in an operator there is waiting for
+    communication, not Python. Empty on traces with kernels or copies (the device's collectives
+    are read from its own activity) and when ``thread`` itself records the annotations."""
+    ann = trace.annotations
+    if len(trace.kernels) or len(trace.memcpy) or not len(ann):
+        return iv.EMPTY, []
+    g = gloo_mask(ann) & (ann["tid"].to_numpy() != thread) & (ann["end"].to_numpy() > ann["ts"].to_numpy())
+    if not g.any():
+        return iv.EMPTY, []
+    ts, end = ann["ts"].to_numpy(np.float64)[g], ann["end"].to_numpy(np.float64)[g]
+    u = iv.union(ts, end)
+    order = np.argsort(ts, kind="stable")
+    first = order[np.searchsorted(ts[order], u[0], side="left")]  # the earliest annotation of each piece
+    names = ann["name"].astype(str).to_numpy()[g][first]
+    return u, [str(n) for n in names]
 
 
 # --------------------------------------------------------------------------- HTA definitions

@@ -486,3 +486,26 @@ def test_recorded_archive_scenario_reads_as_archive_and_its_twin_does_not():
     assert top.case_id == "C-IO-008"
     # the fix removes the work: no CPU-budget cap, the high end reaches the archive's whole share
     assert top.expected_speedup.high > 3.0
+
+
+def test_waiting_for_a_gloo_collective_is_not_python_between_operators(tmp_path):
+    # CPU training with gloo, step [0, 1000) on thread 1: aten::mm [0, 100), then the thread blocks
+    # in dist.all_reduce while gloo's thread 2 runs the collective [300, 800) (no operator on
+    # thread 1), aten::add [900, 1000); the loop's Python frame covers the whole step. Gaps of
+    # thread 1: [100, 900) = 800 µs, of which [300, 800) is waiting for the collective: Python
+    # between operators is [100, 300) + [800, 900) = 300 µs in 2 gaps
+    ev = [
+        X("user_annotation", "ProfilerStep#1", 0, 1000),
+        X("cpu_op", "aten::mm", 0, 100),
+        X("cpu_op", "aten::add", 900, 100),
+        PY("train.py(10): step", 0, 1000, 1),
+        X("user_annotation", "gloo:all_reduce", 300, 500, tid=2),
+    ]
+    (ctx,) = contexts(write_trace(tmp_path / "t.json", ev))
+    (f,) = facts_of(ctx, "untraced_host_time", step=1)
+    assert (f.outside_ops_us, f.python_us, f.untraced_us, f.gaps_count) == (300, 300, 0, 2)
+    # with device activity the rank's collectives are read from the device: nothing changes
+    ev.append(X("kernel", "gemm", 0, 50, pid=0, tid=7, args={"device": 0, "stream": 7}))
+    (ctx,) = contexts(write_trace(tmp_path / "g.json", ev))
+    (f,) = facts_of(ctx, "untraced_host_time", step=1)
+    assert (f.outside_ops_us, f.python_us, f.gaps_count) == (800, 800, 1)

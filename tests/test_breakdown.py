@@ -165,3 +165,20 @@ def test_bundled_example_report_opens_with_data():
     report = hermes_kb.advise(EXAMPLE)
     (s,) = report.summary
     assert s.critical_component == "data" and s.breakdown_us["data_us"] > 0.5 * s.mean_step_us
+
+
+def test_cpu_only_wait_for_a_gloo_collective_is_communication(tmp_path):
+    # step [0, 1000) on thread 1: aten::linear [0, 300); the thread then waits in dist.all_reduce
+    # while gloo's thread 2 runs the collective [300, 800) (no operator on thread 1); aten::add
+    # [800, 900); Python [900, 1000)
+    ev = [
+        X("user_annotation", "ProfilerStep#1", 0, 1000),
+        X("cpu_op", "aten::linear", 0, 300),
+        X("user_annotation", "gloo:all_reduce", 300, 500, tid=2),
+        X("cpu_op", "aten::add", 800, 100),
+    ]
+    f = breakdown(write_trace(tmp_path / "t.json", ev), step=1)
+    assert f.device == "cpu"
+    assert (f.compute_us, f.communication_us) == (400.0, 500.0)
+    assert f.host_python_us == pytest.approx(100.0)
+    assert sum(getattr(f, f"{c}_us") for c in COMPONENTS) == pytest.approx(1000.0)

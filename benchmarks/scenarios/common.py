@@ -130,6 +130,23 @@ def wait_for_quiet() -> dict:
             "waited_s": round(time.monotonic() - t0, 1)}
 
 
+def keep_freed_memory() -> None:
+    """glibc keeps freed memory in the process: no trimming of the heap top and a fixed 32 MiB mmap
+    threshold (the dynamic one would otherwise hand large tensors back to the OS at the end of
+    every step and fault them in again in the next: C-MON-012's own fix, for scenarios that
+    isolate another problem from it)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name:
+        return
+    libc = ctypes.CDLL(name)
+    if hasattr(libc, "mallopt"):
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
+        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD (its maximum on 64-bit)
+
+
 _RUNNING: list = []  # the Monitor of the monitored run in progress (at most one)
 
 

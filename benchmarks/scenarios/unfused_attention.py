@@ -36,27 +36,12 @@ from common import Label, Run  # noqa: E402
 VOCAB, D, HEADS, LAYERS, CONTEXT, BATCH = 256, 256, 2, 1, 1024, 1
 
 
-def keep_freed_memory() -> None:
-    """glibc: no trimming of the heap top and a fixed 32 MiB mmap threshold (the dynamic one would
-    otherwise hand the score tensors back to the OS at the end of every step)."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if not name:
-        return
-    libc = ctypes.CDLL(name)
-    if hasattr(libc, "mallopt"):
-        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
-        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD (its maximum on 64-bit)
-
-
 def make_run(variant: str) -> Run:
     import torch
     import torch.nn.functional as F
     from torch import nn
 
-    keep_freed_memory()  # both variants (see the docstring)
+    common.keep_freed_memory()  # both variants (see the docstring)
     torch.set_num_threads(1)  # 2 shared cores: keep OpenMP noise out of the comparison
     torch.manual_seed(0)
     fused = variant == "fixed"
