@@ -36,7 +36,6 @@ the same stall as blocking I/O in Python (C-CPU-019).
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import sys
 import tempfile
@@ -74,14 +73,6 @@ def make_run(variant: str) -> Run:
     def teardown() -> None:
         shutil.rmtree(state["dir"], ignore_errors=True)
 
-    def save_checkpoint(i: int) -> None:
-        path = os.path.join(state["dir"], "ckpt.pt")
-        with open(path + ".tmp", "wb") as f:
-            torch.save({"step": i, "model": model.state_dict(), "optimizer": opt.state_dict()}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(path + ".tmp", path)
-
     def step(i: int) -> None:
         x, y = data[i % len(data)]
         opt.zero_grad(set_to_none=True)
@@ -90,7 +81,7 @@ def make_run(variant: str) -> Run:
         opt.step()
         if i % every == every - 1:
             with _event("checkpoint"):
-                save_checkpoint(i)
+                common.save_checkpoint(state["dir"], i, model, opt)
 
     return Run(step=step, setup=setup, teardown=teardown)
 

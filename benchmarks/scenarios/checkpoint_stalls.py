@@ -19,7 +19,6 @@ with the training thread, so it gave no gain; saving less often is the fix that 
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import tempfile
@@ -53,14 +52,6 @@ def make_run(variant: str) -> Run:
     def teardown() -> None:
         shutil.rmtree(state["dir"], ignore_errors=True)
 
-    def save_checkpoint(i: int) -> None:
-        path = os.path.join(state["dir"], "ckpt.pt")
-        with open(path + ".tmp", "wb") as f:
-            torch.save({"step": i, "model": model.state_dict(), "optimizer": opt.state_dict()}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(path + ".tmp", path)
-
     def step(i: int) -> None:
         x, y = data[i % len(data)]
         opt.zero_grad(set_to_none=True)
@@ -68,7 +59,7 @@ def make_run(variant: str) -> Run:
         loss.backward()
         opt.step()
         if i % every == every - 1:
-            save_checkpoint(i)
+            common.save_checkpoint(state["dir"], i, model, opt)
 
     return Run(step=step, setup=setup, teardown=teardown)
 

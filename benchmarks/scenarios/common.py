@@ -150,6 +150,19 @@ def keep_freed_memory() -> None:
 _RUNNING: list = []  # the Monitor of the monitored run in progress (at most one)
 
 
+def save_checkpoint(directory: str, step: int, model, opt) -> None:
+    """A synchronous checkpoint as training scripts write it: model and optimizer state through
+    torch.save into a temporary file, flushed and fsync'ed, then renamed over the last one."""
+    import torch
+
+    path = os.path.join(directory, "ckpt.pt")
+    with open(path + ".tmp", "wb") as f:
+        torch.save({"step": step, "model": model.state_dict(), "optimizer": opt.state_dict()}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+
+
 def running_monitor():
     """The Monitor of the monitored run in progress, None in the timed rounds: a step that marks
     events (``mon.event("checkpoint")``) or iterates ``mon.wrap(loader)`` asks for it here."""
