@@ -168,6 +168,9 @@ class _Series:
         self.gc = np.nan_to_num(col(log.gc_pause_s)) * 1e6
         self.gen2 = col(log.gc_gen2, np.int64)
         self.cpu = col(log.cpu_s) * 1e6
+        dwc = getattr(log, "data_wait_cpu_s", None)  # absent from logs older than the field
+        self.dwc = (col(dwc) * 1e6 if dwc is not None and len(dwc) == n
+                    else np.full(len(self.wall), np.nan))  # fmt: skip
         self.sys = col(log.sys_s) * 1e6
         self.flt = col(log.minflt)
         self.opt = col(log.optimizer_s) * 1e6
@@ -598,6 +601,12 @@ def _slow_rank(group: str, series: dict[int, _Series], rq_us: dict[int, float] |
     dw = {r: float(np.median(series[r].dw)) for r in ranks}
     comp = {r: float(np.median(series[r].compute)) for r in ranks}
     cpu = {r: _median(series[r].cpu) for r in ranks}
+    # a loader without workers prepares the batch in the process: the CPU time of the data wait
+    # is in the step's CPU time too, and the data wait is counted apart (d below), so the
+    # compute comparison takes it out when every rank recorded it (monitor.wrap)
+    dwc = {r: _median(series[r].dwc) for r in ranks}
+    if all(not np.isnan(v) for v in dwc.values()):
+        cpu = {r: cpu[r] - min(dwc[r], cpu[r]) if not np.isnan(cpu[r]) else cpu[r] for r in ranks}
     comm = {r: _median(series[r].comm) for r in ranks}
     timed = all(not np.isnan(v) for v in comm.values())
     mid = float(np.median(list(wall.values())))

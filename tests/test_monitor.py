@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -45,6 +46,42 @@ def test_records_steps_data_wait_gc_and_a_fluctuation(tmp_path):
     # the line holds 6 significant digits
     assert steps[5]["samples_per_s"] == pytest.approx(32 / steps[5]["wall_s"], rel=1e-5)
     assert "rss_bytes" in steps[10] and "process_cpu_cores" in steps[10] and "rss_bytes" not in steps[11]
+
+
+def test_data_wait_cpu_time_tells_in_process_loading_from_waiting():
+    # a loader that computes its batch in the process (busy 6 ms) against one that blocks (sleeps
+    # 6 ms, as on a worker queue): the same data wait, CPU time only in the first
+    import tempfile
+
+    def busy():
+        for i in range(12):
+            t = time.process_time()
+            while time.process_time() - t < 0.006:
+                pass
+            yield i
+
+    def blocked():
+        for i in range(12):
+            time.sleep(0.006)
+            yield i
+
+    got = {}
+    for name, loader in (("busy", busy), ("blocked", blocked)):
+        with tempfile.TemporaryDirectory() as d:
+            with Monitor(d, rank=0, flops=False) as mon:
+                for _ in mon.wrap(loader()):
+                    mon.step()
+            steps = [json.loads(x) for x in (Path(d) / "rank0.jsonl").read_text().splitlines()][1:-1]
+        got[name] = steps
+    assert all(s["data_wait_cpu_s"] >= 0.005 and s["data_wait_s"] >= 0.006 for s in got["busy"])
+    assert all(s["data_wait_cpu_s"] < 0.002 and s["data_wait_s"] >= 0.006 for s in got["blocked"])
+    # a step without wrap() records no data-wait CPU at all (unknown, not zero)
+    with tempfile.TemporaryDirectory() as d:
+        with Monitor(d, rank=0, flops=False) as mon:
+            mon.add_data_wait(0.001)
+            mon.step()
+        (step,) = [json.loads(x) for x in (Path(d) / "rank0.jsonl").read_text().splitlines()][1:-1]
+    assert "data_wait_cpu_s" not in step and step["data_wait_s"] == pytest.approx(0.001)
 
 
 def test_detector_is_robust_and_bounded():

@@ -103,6 +103,28 @@ def test_slow_rank_synchronised_by_data_and_by_cpu(tmp_path):
     assert f.excess_ratio == pytest.approx(0.5)
 
 
+def test_slow_rank_data_prepared_in_process_is_not_counted_again_as_compute(tmp_path):
+    # 2 ranks, synchronised at 24 ms. Rank 1 prepares its batches in the process (no workers):
+    # 12 ms of data wait, all of it CPU (data_wait_cpu_s), and 22 ms of CPU per step in all;
+    # rank 0 waits 0.4 ms for data and burns 12 ms. Without the wait's CPU, rank 1's own work
+    # burns 22 - 12 = 10 ms against rank 0's 12 - 0.4 = 11.6 ms: no compute excess, the excess
+    # is the data wait alone (12 - 0.4 = 11.6 ms). Counting the whole CPU time would add
+    # (24 - 12) x (1 - 12/22) = 5.45 ms of "compute" on top (the wait's CPU counted twice).
+    for r, (dw, cpu) in enumerate(((0.0004, 0.012), (0.012, 0.022))):
+        write_log(tmp_path, r, [{"wall_s": 0.024, "data_wait_s": dw, "data_wait_cpu_s": dw, "cpu_s": cpu}
+                                for _ in range(30)])  # fmt: skip
+    (f,) = facts_of(tmp_path, "monitor_slow_rank")
+    assert (f.rank, f.cause, f.measure) == (1, "data_wait", "cpu")
+    assert f.data_wait_excess_us == pytest.approx(11_600) and f.compute_excess_us == pytest.approx(0.0)
+    assert f.excess_us == pytest.approx(11_600) and f.per_rank_cpu_us == {1: pytest.approx(10_000), 0: pytest.approx(11_600)}
+    # logs without the field (older monitors, or data waits measured without wrap()): unchanged
+    old = tmp_path / "old"
+    for r, (dw, cpu) in enumerate(((0.0004, 0.012), (0.012, 0.022))):
+        write_log(old, r, [{"wall_s": 0.024, "data_wait_s": dw, "cpu_s": cpu} for _ in range(30)])
+    (f,) = facts_of(old, "monitor_slow_rank")
+    assert f.compute_excess_us == pytest.approx(12_000 * (1 - 12 / 22))
+
+
 def test_slow_rank_per_communication_domain(tmp_path):
     walls = {0: 0.010, 1: 0.012, 2: 0.020, 3: 0.030}
     for r, w in walls.items():

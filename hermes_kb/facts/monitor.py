@@ -108,7 +108,8 @@ class MonitorSlowRank(Fact):
     synchronized: bool = Field(description="the ranks' median step times agree within 5%")
     per_rank_step_us: dict[int, float] = us("median step time per rank (10 slowest)", default_factory=dict)
     per_rank_data_wait_us: dict[int, float] = us("median data wait per rank (10 largest)", default_factory=dict)
-    per_rank_cpu_us: dict[int, float] = us("median process CPU time per step per rank (10 largest)",
+    per_rank_cpu_us: dict[int, float] = us("median process CPU time per step per rank, less the CPU time spent "
+                                           "inside the data wait when every rank recorded it (10 largest)",
                                            default_factory=dict)  # fmt: skip
     step_us: float = us("the job's step time: the slowest rank's median step")
     others_step_us: float = us("median over the other ranks of their median step")

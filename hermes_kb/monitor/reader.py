@@ -38,6 +38,9 @@ class RankLog:
     wall_s: array = field(default_factory=lambda: array("d"))
     end_s: array = field(default_factory=lambda: array("d"))  # wall clock (epoch s) at the step's end; NaN if absent
     data_wait_s: array = field(default_factory=lambda: array("d"))
+    # the process' CPU time inside that wait (monitor.wrap): a loader without workers prepares the
+    # batch in the process; NaN where not recorded (no wrap, or a log older than the field)
+    data_wait_cpu_s: array = field(default_factory=lambda: array("d"))
     gc_pause_s: array = field(default_factory=lambda: array("d"))
     gc_count: array = field(default_factory=lambda: array("q"))
     gc_gen2: array = field(default_factory=lambda: array("q"))
@@ -161,7 +164,8 @@ def _step_row(rec: dict) -> tuple:
             _seconds(rec, "samples_per_s", hi=1e12), _seconds(rec, "mfu", hi=100.0),
             _seconds(rec, "sys_s", hi=wall * 4096 + 1.0), _seconds(rec, "minflt", hi=1e15),
             _seconds(rec, "optimizer_s", hi=inside), _seconds(rec, "optimizer_sys_s", hi=wall * 4096 + 1.0),
-            _seconds(rec, "optimizer_minflt", hi=1e15), _seconds(rec, "comm_s", hi=wall * 1024 + 1.0))  # fmt: skip
+            _seconds(rec, "optimizer_minflt", hi=1e15), _seconds(rec, "comm_s", hi=wall * 1024 + 1.0),
+            _seconds(rec, "data_wait_cpu_s", hi=wall * 4096 + 1.0))  # fmt: skip
 
 
 _SAMPLE_RANGES = {  # resource sample fields: (lowest, highest) plausible value
@@ -272,7 +276,7 @@ def read_rank_log(path: Path, rank: int) -> RankLog:
     decode, decode_error = _decoder()
     cols = (log.step, log.wall_s, log.end_s, log.data_wait_s, log.gc_pause_s, log.gc_count, log.gc_gen2, log.cpu_s,
             log.fluctuation, log.samples_per_s, log.mfu, log.sys_s, log.minflt, log.optimizer_s, log.optimizer_sys_s,
-            log.optimizer_minflt, log.comm_s)  # fmt: skip
+            log.optimizer_minflt, log.comm_s, log.data_wait_cpu_s)  # fmt: skip
     fh, _ = open_regular(path, "a monitor log (rank<R>.jsonl)")
     with fh:
         for n, line in _readlines(fh, MAX_LINE_BYTES):

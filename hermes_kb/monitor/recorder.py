@@ -105,15 +105,19 @@ def _median(xs: list[float]) -> float:
 # The data-wait generator is compiled under a file name of its own: in a capture (with_stack) its
 # frame holds the DataLoader's work, which is not the monitor's own time (hermes counts the frames
 # of hermes_kb/monitor/*.py as the monitor's cost in a capture).
+# It also takes the process' CPU time around next(): a loader without workers prepares the batch
+# in this process, so its data wait is CPU work the step's CPU time already holds (the slow-rank
+# comparison must not count it twice); with workers the wait is idle here.
 _WRAP_SRC = """
-def _wrapped(mon, it, perf):
+def _wrapped(mon, it, perf, cpu):
     while True:
-        t = perf()
+        t, c = perf(), cpu()
         try:
             item = next(it)
         except StopIteration:
             return
         mon._data_wait += perf() - t
+        mon._data_wait_cpu = (mon._data_wait_cpu or 0.0) + (cpu() - c)
         yield item
 """
 _ns: dict[str, Any] = {}
@@ -216,6 +220,7 @@ class Monitor:
         self._notes_fh = None
         self._t_last: float | None = None
         self._data_wait = 0.0
+        self._data_wait_cpu: float | None = None  # None: no wait measured through wrap() in the step
         self._gc_count = 0
         self._gc_pause = 0.0
         self._gc_start: float | None = None
@@ -390,7 +395,12 @@ class Monitor:
         if phase == "start":
             self._gc_start = time.perf_counter()
         elif self._gc_start is not None:
-            self._gc_pause += time.perf_counter() - self._gc_start
+            # a collection that began before this step did (on another thread, e.g. the monitor's
+            # own) counts only from the step's start: a step's pause never exceeds its wall time
+            # (or while start() was still setting up, before the first step began: not counted)
+            last = self._t_last
+            if last is not None:
+                self._gc_pause += max(time.perf_counter() - max(self._gc_start, last), 0.0)
             self._gc_count += 1
             self._gc_start = None
             if info.get("generation") == 2:
@@ -424,7 +434,7 @@ class Monitor:
 
     def wrap(self, iterable: Iterable) -> Iterator:
         """Yield from ``iterable``, adding the time blocked in ``next()`` to the step's data wait."""
-        return _wrapped(self, iter(iterable), time.perf_counter)
+        return _wrapped(self, iter(iterable), time.perf_counter, time.process_time)
 
     def step(self, samples: int | None = None, **extra: Any) -> dict:
         """Close the current step: one JSON line. Returns the record."""
@@ -455,8 +465,10 @@ class Monitor:
             flagged, med = False, self.detector._med
         n = samples if samples is not None else self.samples_per_step
         wall_time = self._epoch + now  # the wall clock, without a second clock read (resynchronised at each sample)
-        dw, gcn, gcp = self._data_wait, self._gc_count, self._gc_pause
+        dw, dwc, gcn, gcp = self._data_wait, self._data_wait_cpu, self._gc_count, self._gc_pause
         opt: dict[str, Any] = {}
+        if dwc is not None:
+            opt["data_wait_cpu_s"] = max(dwc, 0.0)
         if self._gc_gen2:
             opt["gc_gen2"] = self._gc_gen2
             self._gc_gen2 = 0
@@ -511,7 +523,9 @@ class Monitor:
                 self._flushed = now
         if self.triggers and observed:
             try:
-                self._watch(i, wall, flagged, med, cpu, dw, comm, sps, mfu)
+                # the slow-rank board compares the CPU time of the step's own work: a loader
+                # without workers burns its data wait in this process, counted once as data wait
+                self._watch(i, wall, flagged, med, cpu - min(dwc or 0.0, cpu), dw, comm, sps, mfu)
             except Exception:  # the monitor never breaks the training: count it, go on
                 self.trigger_errors += 1
         if capturing and cap.active[2] > 1:  # inside a capture: annotate the next step, nothing else
@@ -521,6 +535,7 @@ class Monitor:
             self._capture_boundary(i, wall, capturing)
         self.step_index = i + 1
         self._data_wait = 0.0
+        self._data_wait_cpu = None
         if gcn:
             self._gc_count = 0
             self._gc_pause = 0.0
