@@ -608,7 +608,10 @@ def _slow_rank(group: str, series: dict[int, _Series], rq_us: dict[int, float] |
     if all(not np.isnan(v) for v in dwc.values()):
         cpu = {r: cpu[r] - min(dwc[r], cpu[r]) if not np.isnan(cpu[r]) else cpu[r] for r in ranks}
     comm = {r: _median(series[r].comm) for r in ranks}
-    timed = all(not np.isnan(v) for v in comm.values())
+    # timed: every rank timed its collectives and some took time. All zero means the job's
+    # collectives were issued where the monitor does not see them (DDP's, from C++): "step less
+    # communication" would then be the whole step, waits included
+    timed = all(not np.isnan(v) for v in comm.values()) and any(v > 0 for v in comm.values())
     mid = float(np.median(list(wall.values())))
     sync = (max(wall.values()) - min(wall.values())) <= SYNC_TOL * mid
     own = {r: float(np.median(series[r].compute - series[r].comm)) for r in ranks} if timed else {}

@@ -125,6 +125,19 @@ def test_slow_rank_data_prepared_in_process_is_not_counted_again_as_compute(tmp_
     assert f.compute_excess_us == pytest.approx(12_000 * (1 - 12 / 22))
 
 
+def test_slow_rank_when_collectives_are_timed_at_zero(tmp_path):
+    # DDP on gloo issues its all-reduces from C++: the monitor's comm timing is on but sees 0 s on
+    # both ranks. Rank 1 prepares batches in-process (10 ms of CPU-busy data wait); rank 0 waits
+    # for it inside DDP's untimed all-reduce. "step less communication" would name rank 0 (its
+    # whole step is "own work"); with nothing timed the CPU measure decides: rank 1, data.
+    for r, (dw, cpu) in enumerate(((0.0004, 0.011), (0.010, 0.021))):
+        write_log(tmp_path, r, [{"wall_s": 0.022, "data_wait_s": dw, "data_wait_cpu_s": dw, "cpu_s": cpu, "comm_s": 0.0}
+                                for _ in range(30)])  # fmt: skip
+    (f,) = facts_of(tmp_path, "monitor_slow_rank")
+    assert (f.rank, f.cause, f.measure) == (1, "data_wait", "cpu")
+    assert f.data_wait_excess_us == pytest.approx(9_600) and f.per_rank_comm_us == {}
+
+
 def test_slow_rank_per_communication_domain(tmp_path):
     walls = {0: 0.010, 1: 0.012, 2: 0.020, 3: 0.030}
     for r, w in walls.items():

@@ -142,6 +142,11 @@ def test_verdicts_by_hand():
     s = {r: {"warm": True, "wall_s": 0.02, "cpu_s": c, "data_wait_s": 0.001} for r, c in ((0, 0.004), (1, 0.010), (2, 0.004))}
     v = verdict("world", s, 5.0)
     assert (v["slowest"], v["measure"]) == (1, "CPU time + data wait") and v["lag_s"] == pytest.approx(0.006)
+    # lock-step, collectives timed at 0 s on every rank (DDP's, issued from C++): not timed at all
+    s = {r: {"warm": True, "wall_s": 0.02, "cpu_s": c, "data_wait_s": 0.001, "comm_s": 0.0}
+         for r, c in ((0, 0.004), (1, 0.010))}  # fmt: skip
+    v = verdict("world", s, 5.0)
+    assert (v["slowest"], v["measure"]) == (1, "CPU time + data wait") and v["lag_s"] == pytest.approx(0.006)
     assert verdict("x", {0: {"warm": True, "wall_s": 0.01}, 1: {"warm": False, "wall_s": 0.02}}, 1.0) is None
 
 

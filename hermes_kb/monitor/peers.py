@@ -64,7 +64,9 @@ def verdict(domain: str, summaries: dict[int, dict], now: float) -> dict | None:
     walls = {r: float(s["wall_s"]) for r, s in ok.items()}
     mid = _median(list(walls.values()))
     sync = max(walls.values()) - min(walls.values()) <= SYNC_TOL * mid
-    comm = all(isinstance(s.get("comm_s"), (int, float)) for s in ok.values())
+    # every rank timed its collectives and some took time (all zero: issued from C++, e.g. DDP's)
+    comm = all(isinstance(s.get("comm_s"), (int, float)) for s in ok.values()) and any(
+        float(s["comm_s"]) > 0 for s in ok.values())
     cpu = all(isinstance(s.get("cpu_s"), (int, float)) for s in ok.values())
     measures: list[tuple[str, dict[int, float]]] = []
     if comm:
