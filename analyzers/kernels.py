@@ -1590,7 +1590,7 @@ def _train_mode_cpu(ctx: RankContext) -> list[Fact]:
     return [TrainModeInference(
         rank=ctx.rank, backward_nodes_count=0, dropout_calls_count=int(dcall.sum()),
         batchnorm_train_calls_count=int(bcall.sum()), train_mode_kernels_count=int(m.sum()), train_mode_time_us=t,
-        share_of_device_time_ratio=_ratio(t / comp) if comp else 0.0, top_kernel=top,
+        share_of_device_time_ratio=_ratio(t / comp) if comp else 0.0, top_kernel=top, measured_on="operators",
         evidence=Evidence(time_ranges_us=[ctx.span], events=[top], counts={"cpu_ops": int(m.sum())},
                           note="CPU-only trace: no autograd backward operator in the analysed windows; dropout "
                                "operators that draw a mask (bernoulli_ / native_dropout inside) and batch-norm "

@@ -138,7 +138,7 @@ def test_train_mode_in_forward_only_run(tmp_path):
     # dropout 20 + batch statistics 30 = 50 µs of 100 µs device time; one call of each
     assert (f.backward_nodes_count, f.dropout_calls_count, f.batchnorm_train_calls_count) == (0, 1, 1)
     assert (f.train_mode_kernels_count, f.train_mode_time_us) == (2, 50)
-    assert f.share_of_device_time_ratio == pytest.approx(0.5) and f.top_kernel
+    assert f.share_of_device_time_ratio == pytest.approx(0.5) and f.top_kernel and f.measured_on == "kernels"
 
 
 @pytest.mark.parametrize("backward", [
@@ -336,7 +336,7 @@ def test_train_mode_in_forward_only_cpu_run(tmp_path):
     assert (f.backward_nodes_count, f.dropout_calls_count, f.batchnorm_train_calls_count) == (0, 1, 1)
     assert (f.train_mode_kernels_count, f.train_mode_time_us) == (2, 70)
     assert f.share_of_device_time_ratio == pytest.approx(70 / 181)
-    assert f.top_kernel == "aten::dropout"
+    assert f.top_kernel == "aten::dropout" and f.measured_on == "operators"
 
 
 def test_no_train_mode_fact_in_a_cpu_training_step(tmp_path):

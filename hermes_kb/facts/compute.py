@@ -605,6 +605,10 @@ class TrainModeInference(Fact):
     train_mode_time_us: float = us("their summed duration")
     share_of_device_time_ratio: float = ratio("train_mode_time_us / non-communication device time")
     top_kernel: str = Field(default="", description="the train-mode kernel (short name) with the most time")
+    measured_on: Literal["kernels", "operators"] = Field(
+        default="kernels", description="kernels: a device trace; operators: a CPU-only trace, where the operators "
+        "stand for kernels (the counts and times are of the outermost dropout / batch-norm operators, the share "
+        "is of the operators' self time)")
 
 
 class GemmEpilogue(Fact):
