@@ -616,7 +616,7 @@ def cross_rank(contexts: dict, facts: list) -> list:
     if not len(df):
         return []
     out = []
-    stages = {f.rank: (tuple(f.pp_ranks), f.stage_index) for f in facts if getattr(f, "kind", None) == "pipeline_stage"}
+    stages = pipeline_stages(facts)
     keys = ["pg", "pg_ranks", "kind", "source"]
     for key, grp in df.groupby(keys, sort=False):  # one per (group, kind): a handful
         ranks_present = sorted(grp["rank"].unique().tolist())
@@ -644,6 +644,12 @@ def cross_rank(contexts: dict, facts: list) -> list:
 
 
 P2P_KINDS = ("send_recv", "send", "recv")
+
+
+def pipeline_stages(facts: list) -> dict[int, tuple[tuple, int]]:
+    """Each rank's pipeline group (its ranks, in stage order) and stage, from pipeline_stage facts."""
+    return {f.rank: (tuple(f.pp_ranks), f.stage_index) for f in facts
+            if getattr(f, "kind", None) == "pipeline_stage" and f.rank is not None}  # fmt: skip
 
 
 def _pipeline_neighbours(ranks: list[int], stages: dict[int, tuple[tuple, int]]) -> bool:

@@ -143,7 +143,7 @@ def _blocked_union(tr, tids: np.ndarray) -> iv.Intervals:
 # ---------------------------------------------------------------- launch overhead
 
 
-def _launch(ctx: RankContext, host: iv.Intervals, has_ops: bool) -> list[Fact]:
+def _launch(ctx: RankContext, host: iv.Intervals, has_ops: bool, device: iv.Intervals | None) -> list[Fact]:
     tr = ctx.trace
     rt, kn, lk = tr.runtime, tr.kernels, tr.links
     if not len(rt) or not len(kn):
@@ -202,7 +202,7 @@ def _launch(ctx: RankContext, host: iv.Intervals, has_ops: bool) -> list[Fact]:
             hw_count = int((valid & (lts > prev_end)).sum())
 
     lsel = rdur[launch]
-    stall = _stalled_launches(tr, launch, rdur, lsel)
+    stall = _stalled_launches(tr, launch, rdur, lsel, device)
     names = rt["name"][launch].value_counts().head(5)
     names = names[names > 0]
     return [LaunchOverhead(
@@ -231,7 +231,7 @@ STALL_MIN_US = 1000.0  # a launch call this long is not launching any more ...
 STALL_FACTOR = 50.0  # ... when it also takes this many times the median launch call
 
 
-def _stalled_launches(tr, launch: np.ndarray, rdur: np.ndarray, lsel: np.ndarray) -> dict:
+def _stalled_launches(tr, launch: np.ndarray, rdur: np.ndarray, lsel: np.ndarray, device: iv.Intervals | None) -> dict:
     """Launch calls in the steps that take milliseconds (>= STALL_MIN_US and >= STALL_FACTOR x the
     median launch call): their time, the share of it the device sat idle, and how many started
     the first kernel of its name in the trace (a first use: the driver loading the kernel's
@@ -245,9 +245,7 @@ def _stalled_launches(tr, launch: np.ndarray, rdur: np.ndarray, lsel: np.ndarray
         return out
     rt, kn, lk = tr.runtime, tr.kernels, tr.links
     ts, end = rt["ts"].to_numpy()[rows], rt["end"].to_numpy()[rows]
-    device = iv.union(np.concatenate([kn["ts"].to_numpy(), tr.memcpy["ts"].to_numpy()]),
-                      np.concatenate([kn["end"].to_numpy(), tr.memcpy["end"].to_numpy()]))  # fmt: skip
-    busy = float(iv.overlap_length(ts, end, device).sum())
+    busy = float(iv.overlap_length(ts, end, device).sum()) if device is not None else 0.0
     total = float((end - ts).sum())
     first_use, kernels = 0, []
     if len(lk) and len(kn):
@@ -937,7 +935,7 @@ def per_rank(ctx: RankContext) -> list[Fact]:
     device = _device_union(ctx)
     _register_host_work(ctx, host, tids)
     facts: list[Fact] = []
-    facts.extend(_launch(ctx, host, has_ops))
+    facts.extend(_launch(ctx, host, has_ops, device))
     if has_ops:
         facts.extend(_busy(ctx, host, device, tids))
     facts.extend(_sync(ctx))

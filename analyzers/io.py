@@ -607,7 +607,7 @@ def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
     if not rows:
         return []
     _register_gaps(ctx, np.concatenate(gap_s), np.concatenate(gap_e), P_io, P_pre)
-    pre_frames = _outer_frames(py[pre_mask]) if pre_mask.any() else []
+    pre_frames = _outer_frames(py, pre_mask) if pre_mask.any() else []
     pz = [p for r in rows for p in r["pauses"]]
     if pz and (tid := main_tid(ctx.trace)) is not None:
         register(ctx, WhatIfSet.of_intervals("python_pauses", "gaps where ordinary Python code paused for milliseconds",
@@ -696,21 +696,31 @@ def _top_names(pauses) -> list[str]:
     return [n for n, _ in sorted(tot.items(), key=lambda x: -x[1])[:TOP_GAPS]]
 
 
-def _outer_frames(py: pd.DataFrame, n: int = 3) -> list[str]:
-    """Names of the outermost of these frames (not inside another of them on its thread), most
-    time first."""
-    ts, end = py["ts"].to_numpy(float), py["end"].to_numpy(float)
-    tid = py["tid"].to_numpy() if "tid" in py else np.zeros(len(py), np.int64)
-    names = py["name"].astype(str).to_numpy()
-    order = np.lexsort((-(end - ts), ts, tid))
-    tot: dict[str, float] = {}
-    cur_tid, cur_end = None, -np.inf
-    for i in order.tolist():
-        if tid[i] == cur_tid and end[i] <= cur_end:
-            continue  # nested in the outer frame being walked
-        cur_tid, cur_end = tid[i], end[i]
-        tot[names[i]] = tot.get(names[i], 0.0) + float(end[i] - ts[i])
-    return [k for k, _ in sorted(tot.items(), key=lambda kv: -kv[1])[:n]]
+def outermost_frames(py: pd.DataFrame, m: np.ndarray) -> np.ndarray:
+    """Rows of ``m`` with no ancestor in ``m`` (Python parent links)."""
+    pid = pd.Series(np.arange(len(py)), index=py["py_id"].to_numpy())
+    pid = pid[~pid.index.duplicated(keep="first")]
+    prow = pd.Series(py["parent_id"].to_numpy()).map(pid).fillna(-1).to_numpy(np.int64)
+    rows = np.flatnonzero(m)
+    inner = np.zeros(len(rows), dtype=bool)
+    cur = prow[rows]
+    for _ in range(256):  # Python stacks are far shallower
+        valid = cur >= 0
+        if not valid.any():
+            break
+        inner |= valid & m[np.clip(cur, 0, None)]
+        nxt = np.where(valid, prow[np.clip(cur, 0, None)], -1)
+        nxt[nxt == cur] = -1  # a root frame that names itself as its parent
+        cur = nxt
+    return rows[~inner]
+
+
+def _outer_frames(py: pd.DataFrame, m: np.ndarray, n: int = 3) -> list[str]:
+    """Names of the outermost frames of ``m`` (no ancestor in ``m``), most time first."""
+    rows = outermost_frames(py, m)
+    dur = py["end"].to_numpy(float)[rows] - py["ts"].to_numpy(float)[rows]
+    tot = pd.Series(dur).groupby(py["name"].astype(str).to_numpy()[rows]).sum().sort_values(ascending=False, kind="stable")
+    return [str(k) for k in tot.index[:n]]
 
 
 def _register_gaps(ctx: RankContext, gs: np.ndarray, ge: np.ndarray, p_io: iv.Intervals,

@@ -27,7 +27,7 @@ from hermes_kb.facts.base import Evidence
 from hermes_kb.facts.parallel import PipelineBubble, PipelineStageBalance, RankImbalance
 
 from . import intervals as iv
-from .comm import _parse_ranks, compute_union
+from .comm import _parse_ranks, compute_union, pipeline_stages
 from .context import RankContext
 
 MAX_GROUPS = 10
@@ -130,8 +130,8 @@ def cross_rank(contexts: dict, facts: list) -> list:
 
 
 def _stage_of(facts: list) -> dict[int, int]:
-    """Each rank's pipeline stage (position in its pipeline group), from pipeline_stage facts."""
-    return {f.rank: f.stage_index for f in facts if getattr(f, "kind", None) == "pipeline_stage" and f.rank is not None}
+    """Each rank's pipeline stage (position in its pipeline group)."""
+    return {r: stage for r, (_, stage) in pipeline_stages(facts).items()}
 
 
 def _stage_groups(ranks: list[int], stage_of: dict[int, int]) -> list[tuple[str, list[int]]]:

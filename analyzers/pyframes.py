@@ -41,7 +41,7 @@ from . import intervals as iv
 from .context import RankContext
 from .cpu import GC_COLLECT_RE, _blocked_union
 from .dispatch import TENSOR_STR_RE
-from .io import div, host_tids, main_tid, name_mask, on_tids, python_stacks
+from .io import div, host_tids, main_tid, name_mask, on_tids, outermost_frames, python_stacks
 from .whatif_sets import WhatIfSet, register
 
 EVALUATE_RE = re.compile(r"^autograd::engine::evaluate_function: ")
@@ -336,25 +336,6 @@ def _construction(ctx: RankContext) -> list[Fact]:
 # ---------------------------------------------------------------- model state copied in the step
 
 
-def _outermost(py: pd.DataFrame, m: np.ndarray) -> np.ndarray:
-    """Rows of ``m`` with no ancestor in ``m`` (Python parent links)."""
-    pid = pd.Series(np.arange(len(py)), index=py["py_id"].to_numpy())
-    pid = pid[~pid.index.duplicated(keep="first")]
-    prow = pd.Series(py["parent_id"].to_numpy()).map(pid).fillna(-1).to_numpy(np.int64)
-    rows = np.flatnonzero(m)
-    inner = np.zeros(len(rows), dtype=bool)
-    cur = prow[rows]
-    for _ in range(256):  # Python stacks are far shallower
-        valid = cur >= 0
-        if not valid.any():
-            break
-        inner |= valid & m[np.clip(cur, 0, None)]
-        nxt = np.where(valid, prow[np.clip(cur, 0, None)], -1)
-        nxt[nxt == cur] = -1  # a root frame that names itself as its parent
-        cur = nxt
-    return rows[~inner]
-
-
 def _state_copies(ctx: RankContext) -> list[Fact]:
     tr = ctx.trace
     py = tr.python
@@ -366,7 +347,7 @@ def _state_copies(ctx: RankContext) -> list[Fact]:
     sd = name_mask(py["name"], STATE_DICT_RE) & ok
     if not (dc | sd).any():
         return []
-    top = _outermost(py, dc | sd)
+    top = outermost_frames(py, dc | sd)
     s, e = py["ts"].to_numpy()[top], py["end"].to_numpy()[top]
     u = iv.union(s, e)
     register(ctx, WhatIfSet.of_intervals("state_copy", "model / optimizer state deep-copied in the step", tid, u[0], u[1]))

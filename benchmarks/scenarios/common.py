@@ -147,6 +147,23 @@ def keep_freed_memory() -> None:
         libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD (its maximum on 64-bit)
 
 
+_SCRATCH: dict[str, Path] = {}
+
+
+def scratch_dir(prefix: str, write: Callable[[Path], None]) -> Path:
+    """A temporary directory filled once per process by ``write(dir)`` and removed at exit: the
+    datasets the loader scenarios read (the same directory for every variant and round)."""
+    d = _SCRATCH.get(prefix)
+    if d is None:
+        import atexit
+
+        d = Path(tempfile.mkdtemp(prefix=prefix))
+        atexit.register(shutil.rmtree, d, True)
+        write(d)
+        _SCRATCH[prefix] = d
+    return d
+
+
 _RUNNING: list = []  # the Monitor of the monitored run in progress (at most one)
 
 

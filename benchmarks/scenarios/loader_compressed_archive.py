@@ -22,11 +22,8 @@ wait is spent under zipfile / zlib frames).
 
 from __future__ import annotations
 
-import atexit
 import io
-import shutil
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -47,27 +44,22 @@ SHAPE = (3, 32, 32)
 
 torch.set_num_threads(1)
 
-_DIR: Path | None = None
+def _write(d: Path) -> None:
+    """Write the archive once per process (and its unpacked twin for the fix)."""
+    rng = np.random.default_rng(SEED)
+    yy, xx = np.meshgrid(np.linspace(0, 1, SHAPE[1]), np.linspace(0, 1, SHAPE[2]), indexing="ij")
+    with zipfile.ZipFile(d / "samples.zip", "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6) as z:
+        for i in range(NUM_SAMPLES):
+            f = rng.uniform(1, 6, size=(SHAPE[0], 2))
+            x = np.sin(f[:, :1, None] * yy[None] * np.pi) * np.cos(f[:, 1:, None] * xx[None] * np.pi)
+            x = (x + 0.05 * rng.standard_normal(SHAPE)).astype(np.float32)
+            buf = io.BytesIO()
+            np.save(buf, x)
+            z.writestr(f"{i:05d}.npy", buf.getvalue())
 
 
 def data_dir() -> Path:
-    """Write the archive once per process (and its unpacked twin for the fix)."""
-    global _DIR
-    if _DIR is None:
-        d = Path(tempfile.mkdtemp(prefix="hermes_archive_"))
-        atexit.register(shutil.rmtree, d, True)
-        rng = np.random.default_rng(SEED)
-        yy, xx = np.meshgrid(np.linspace(0, 1, SHAPE[1]), np.linspace(0, 1, SHAPE[2]), indexing="ij")
-        with zipfile.ZipFile(d / "samples.zip", "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6) as z:
-            for i in range(NUM_SAMPLES):
-                f = rng.uniform(1, 6, size=(SHAPE[0], 2))
-                x = np.sin(f[:, :1, None] * yy[None] * np.pi) * np.cos(f[:, 1:, None] * xx[None] * np.pi)
-                x = (x + 0.05 * rng.standard_normal(SHAPE)).astype(np.float32)
-                buf = io.BytesIO()
-                np.save(buf, x)
-                z.writestr(f"{i:05d}.npy", buf.getvalue())
-        _DIR = d
-    return _DIR
+    return common.scratch_dir("hermes_archive_", _write)
 
 
 class ArchiveDataset(Dataset):

@@ -36,11 +36,8 @@ the trace shows it as DataLoader wait too.
 
 from __future__ import annotations
 
-import atexit
-import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -62,24 +59,19 @@ SHAPE = (3, 32, 32)
 
 torch.set_num_threads(1)
 
-_DATA_DIR: Path | None = None
+def _write(d: Path) -> None:
+    """Write the shards once per process: smooth fields plus noise (float16, so the shard
+    compresses and inflating it is real work), and labels."""
+    rng = np.random.default_rng(SEED)
+    for s in range(SHARDS):
+        base = rng.standard_normal((SHARD, 3, 8, 8)).astype(np.float32)
+        x = np.repeat(np.repeat(base, 4, axis=2), 4, axis=3)
+        x += 0.05 * rng.standard_normal((SHARD, *SHAPE)).astype(np.float32)
+        np.savez_compressed(d / f"shard-{s:04d}.npz", x=x.astype(np.float16), y=rng.integers(0, 10, SHARD))
 
 
 def data_dir() -> Path:
-    """Write the shards once per process: smooth fields plus noise (float16, so the shard
-    compresses and inflating it is real work), and labels."""
-    global _DATA_DIR
-    if _DATA_DIR is None:
-        d = Path(tempfile.mkdtemp(prefix="hermes_shards_"))
-        atexit.register(shutil.rmtree, d, True)
-        rng = np.random.default_rng(SEED)
-        for s in range(SHARDS):
-            base = rng.standard_normal((SHARD, 3, 8, 8)).astype(np.float32)
-            x = np.repeat(np.repeat(base, 4, axis=2), 4, axis=3)
-            x += 0.05 * rng.standard_normal((SHARD, *SHAPE)).astype(np.float32)
-            np.savez_compressed(d / f"shard-{s:04d}.npz", x=x.astype(np.float16), y=rng.integers(0, 10, SHARD))
-        _DATA_DIR = d
-    return _DATA_DIR
+    return common.scratch_dir("hermes_shards_", _write)
 
 
 class ShardDataset(Dataset):

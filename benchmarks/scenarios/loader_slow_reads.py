@@ -23,13 +23,10 @@ self time of Python I/O calls: here socket reads waiting on the storage server).
 
 from __future__ import annotations
 
-import atexit
 import multiprocessing as mp
-import shutil
 import socket
 import struct
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -54,20 +51,15 @@ ALL = 0xFFFFFFFF  # request code: the whole dataset as one packed shard
 
 torch.set_num_threads(1)
 
-_DATA_DIR: Path | None = None
+def _write(d: Path) -> None:
+    """Write the dataset once per process: one .npy-like raw file per sample, plus labels."""
+    rng = np.random.default_rng(SEED)
+    for i in range(NUM_SAMPLES):
+        rng.standard_normal(SHAPE, dtype=np.float32).tofile(d / f"{i:05d}.bin")
 
 
 def data_dir() -> Path:
-    """Write the dataset once per process: one .npy-like raw file per sample, plus labels."""
-    global _DATA_DIR
-    if _DATA_DIR is None:
-        d = Path(tempfile.mkdtemp(prefix="hermes_slow_reads_"))
-        atexit.register(shutil.rmtree, d, True)
-        rng = np.random.default_rng(SEED)
-        for i in range(NUM_SAMPLES):
-            rng.standard_normal(SHAPE, dtype=np.float32).tofile(d / f"{i:05d}.bin")
-        _DATA_DIR = d
-    return _DATA_DIR
+    return common.scratch_dir("hermes_slow_reads_", _write)
 
 
 def _serve(sock: socket.socket, root: Path) -> None:

@@ -29,11 +29,8 @@ Python I/O), which rests on the same evidence and into which hermes folds C-IO-0
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -53,22 +50,17 @@ SHAPE = (4, 32, 32)  # RGB + depth
 
 torch.set_num_threads(1)
 
-_DATA_DIR: Path | None = None
+def _write(d: Path) -> None:
+    """Write the dataset once per process: a colour file, a depth file and a class file per sample."""
+    rng = np.random.default_rng(SEED)
+    for i in range(NUM_SAMPLES):
+        rng.integers(0, 256, (3, 32, 32), dtype=np.uint8).tofile(d / f"{i:06d}.rgb")
+        rng.integers(0, 256, (1, 32, 32), dtype=np.uint8).tofile(d / f"{i:06d}.depth")
+        (d / f"{i:06d}.cls").write_text(f"{int(rng.integers(0, 10))}\n")
 
 
 def data_dir() -> Path:
-    """Write the dataset once per process: a colour file, a depth file and a class file per sample."""
-    global _DATA_DIR
-    if _DATA_DIR is None:
-        d = Path(tempfile.mkdtemp(prefix="hermes_small_files_"))
-        atexit.register(shutil.rmtree, d, True)
-        rng = np.random.default_rng(SEED)
-        for i in range(NUM_SAMPLES):
-            rng.integers(0, 256, (3, 32, 32), dtype=np.uint8).tofile(d / f"{i:06d}.rgb")
-            rng.integers(0, 256, (1, 32, 32), dtype=np.uint8).tofile(d / f"{i:06d}.depth")
-            (d / f"{i:06d}.cls").write_text(f"{int(rng.integers(0, 10))}\n")
-        _DATA_DIR = d
-    return _DATA_DIR
+    return common.scratch_dir("hermes_small_files_", _write)
 
 
 class FilesDataset(Dataset):
