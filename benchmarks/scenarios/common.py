@@ -60,6 +60,8 @@ class Run:
     setup: Callable[[], None] = lambda: None
     teardown: Callable[[], None] = lambda: None
     samples_per_step: int | None = None  # for throughput comparisons (small-batch scenario)
+    device: str = "cpu"  # "cuda": the profiler records device activity too, and timing waits for the device
+    timed_steps: int | None = None  # unprofiled steps per timing round (TIMED_STEPS when None)
 
 
 @dataclass
@@ -195,11 +197,13 @@ def _profile(run: Run, run_dir: Path) -> None:
     if run_dir.exists():
         shutil.rmtree(run_dir)
     cfg = torch._C._profiler._ExperimentalConfig(record_python_gc_info=True)
+    cuda = run.device.startswith("cuda")
     run.setup()
     # sample resources every other step and scan the other processes every half second: these
     # runs last seconds, not hours, so the monitor's defaults (50 steps, 10 s) would see nothing
+    # on a GPU the monitor times each step on the device with CUDA events, as in a real job
     mon = Monitor(run_dir, rank=0, samples_per_step=run.samples_per_step, sample_every=2, procs_every_s=0.5,
-                  capture=False, device_events=False)  # fmt: skip
+                  capture=False, device_events=None if cuda else False)  # fmt: skip
     mon.start()
     _RUNNING.append(mon)
     try:
@@ -216,7 +220,7 @@ def _profile(run: Run, run_dir: Path) -> None:
             run.step(i)
             mon.step()
         with profile(
-            activities=[ProfilerActivity.CPU],
+            activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU],
             schedule=schedule(wait=0, warmup=1, active=PROFILE_STEPS, repeat=1),
             record_shapes=True,
             with_stack=True,
@@ -241,11 +245,23 @@ def _profile(run: Run, run_dir: Path) -> None:
 
 def _time(run: Run) -> list[float]:
     run.setup()
+    n = run.timed_steps or TIMED_STEPS
     try:
         for i in range(WARMUP):
             run.step(i)
+        if run.device.startswith("cuda"):
+            # device work is asynchronous: time the block of steps from an idle device to an idle
+            # device (no synchronisation between steps, which would change what a fix removes)
+            import torch
+
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for i in range(n):
+                run.step(WARMUP + i)
+            torch.cuda.synchronize()
+            return [(time.perf_counter() - t) / n] * n
         out = []
-        for i in range(TIMED_STEPS):
+        for i in range(n):
             t = time.perf_counter()
             run.step(WARMUP + i)
             out.append(time.perf_counter() - t)
@@ -254,12 +270,50 @@ def _time(run: Run) -> list[float]:
         run.teardown()
 
 
-def main(name: str, make_run: Callable[[str], Run], label: Label, variants=("bad", "fixed")) -> dict:
+def _child(script: str, variant: str, out: Path, env: dict[str, str]) -> list[list[float]]:
+    """Record one variant, then time its ``ROUNDS`` rounds, in a fresh process with ``env`` added
+    (settings read once at start, such as CUDA_LAUNCH_BLOCKING); the child prints the rounds'
+    step times as JSON. Its rounds are not interleaved with the other variant's."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, script, "--child", variant, "--out", str(out.parent)]
+    r = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise SystemExit(f"{script} {variant} failed ({r.returncode}):\n{r.stderr[-4000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def device_info() -> dict:
+    """GPU, driver, CUDA and cuDNN of this machine (empty without a GPU): recorded in label.json."""
+    import subprocess
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    out = {"gpu": torch.cuda.get_device_name(), "cuda": torch.version.cuda,
+           "cudnn": torch.backends.cudnn.version(), "gpu_count": torch.cuda.device_count()}  # fmt: skip
+    try:
+        q = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,memory.total,clocks.max.sm", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=20).stdout.strip().splitlines()  # fmt: skip
+        if q:
+            out["nvidia_smi"] = q[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
+
+
+def main(name: str, make_run: Callable[[str], Run], label: Label, variants=("bad", "fixed"),
+         variant_env: dict[str, dict[str, str]] | None = None) -> dict:
+    """``variant_env``: environment variables a variant needs from its process's start (each of its
+    recordings and timing rounds then runs in a fresh child process)."""
     ap = argparse.ArgumentParser(description=f"record scenario {name}")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--no-trace", action="store_true", help="only time the variants")
     ap.add_argument("--no-timing", action="store_true",
                     help="only record the runs; keep the timings of the existing label.json")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     out = Path(args.out) / name
     out.mkdir(parents=True, exist_ok=True)
@@ -268,13 +322,35 @@ def main(name: str, make_run: Callable[[str], Run], label: Label, variants=("bad
     from hermes_kb.cpus import host_cpu
 
     torch.manual_seed(0)
+    if args.child:
+        _profile(make_run(args.child), out / args.child)
+        print(json.dumps([_time(make_run(args.child)) for _ in range(ROUNDS)]))
+        raise SystemExit(0)
+    variant_env = variant_env or {}
+    script = os.path.abspath(__import__("sys").argv[0])
+
+    child_rounds: dict[str, list[list[float]]] = {}
+
+    def profile_variant(v: str) -> None:
+        if v in variant_env:  # one fresh process per variant: its recording, then its timing rounds
+            child_rounds[v] = _child(script, v, out, variant_env[v])
+        else:
+            _profile(make_run(v), out / v)
+
+    def time_variant(v: str) -> list[float]:
+        if v in variant_env:
+            if v not in child_rounds:
+                child_rounds[v] = _child(script, v, out, variant_env[v])
+            return child_rounds[v].pop(0)
+        return _time(make_run(v))
+
     old = json.loads((out / "label.json").read_text()) if (out / "label.json").is_file() else {}
     quiet: dict[str, dict] = dict(old.get("recording_load", {}))
     if not args.no_trace:
         for v in variants:
             gc.collect()
             quiet[v] = wait_for_quiet()
-            _profile(make_run(v), out / v)
+            profile_variant(v)
     timing_keys = ("step_s_best_round", "step_s_round_means", "step_s_median", "speedup_of_fix",
                    "throughput_speedup", "timed")  # fmt: skip
     if args.no_timing:
@@ -289,7 +365,7 @@ def main(name: str, make_run: Callable[[str], Run], label: Label, variants=("bad
             quiet["timing_rounds"].append(wait_for_quiet())
             for v in variants:
                 gc.collect()
-                t = _time(make_run(v))
+                t = time_variant(v)
                 rounds[v].append(statistics.fmean(t))
                 per_step[v].extend(t)
         best = {v: min(rounds[v]) for v in variants}
@@ -308,6 +384,8 @@ def main(name: str, make_run: Callable[[str], Run], label: Label, variants=("bad
         "machine": f"{platform.machine()} {os.cpu_count()} cores, {platform.system()}",
         "cpu_model": host_cpu().get("model") or None,  # step times differ several-fold between hosts
         "python": platform.python_version(),
+        **({"variant_env": variant_env} if variant_env else {}),
+        **device_info(),
         "recorded": _dt.date.today().isoformat() if not args.no_trace else old.get("recorded"),
         "recording_load": quiet,
         "protocol": f"each variant one monitored run (hermes_kb Monitor every step): {WARMUP} warm-up steps, "
@@ -315,6 +393,12 @@ def main(name: str, make_run: Callable[[str], Run], label: Label, variants=("bad
         f"{PROFILE_STEPS} profiled steps captured into the run "
         f"directory; timing: {ROUNDS} rounds x {TIMED_STEPS} unprofiled steps per variant, alternating, best round mean",
     }
+    if result.get("gpu"):
+        result["protocol"] += (
+            "; on the GPU the profiler records CPU and CUDA activity, the monitor times steps with CUDA events, "
+            "and a timing round is one block of unprofiled steps (Run.timed_steps) between two device "
+            "synchronisations, with none between its steps (step time = block time / steps)")
+
     (out / "label.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("scenario", "step_s_best_round", "speedup_of_fix")}, indent=1))
     return result

@@ -60,3 +60,24 @@ class DeviceTimer:
         while len(self._pending) > self.max_pending:
             self._free.append(self._pending.popleft()[1])
         return done
+
+
+# cumulative counters of the CUDA caching allocator (torch.cuda.memory_stats) kept in the samples:
+# a retry is an allocation that failed, emptied the cache (a device synchronisation and cudaFree of
+# every unused block) and tried again; device allocs / frees are cudaMalloc / cudaFree calls
+ALLOCATOR_KEYS = {"num_alloc_retries": "dev_alloc_retries", "num_device_alloc": "dev_mallocs",
+                  "num_device_free": "dev_frees", "num_ooms": "dev_ooms",
+                  "reserved_bytes.all.current": "dev_reserved_bytes",
+                  "allocated_bytes.all.current": "dev_allocated_bytes",
+                  "reserved_bytes.all.peak": "dev_reserved_peak_bytes"}
+
+
+def device_allocator(torch: Any) -> dict[str, int]:
+    """The caching allocator's counters, when torch has initialised CUDA (never initialises it)."""
+    try:
+        if torch is None or not torch.cuda.is_initialized():
+            return {}
+        stats = torch.cuda.memory_stats()
+    except Exception:
+        return {}
+    return {name: int(stats[key]) for key, name in ALLOCATOR_KEYS.items() if key in stats}

@@ -46,8 +46,31 @@ def environment() -> dict:
         "hostname": platform.node(),
         "pid": os.getpid(),
         "torch_threads": _torch_threads(torch),
+        "torch_backends": torch_backends(torch),
         "cpu": host_cpu(),
     }
+
+
+def torch_backends(torch) -> dict:
+    """The switches that choose device kernels (cuDNN autotuning, TF32), as the job set them."""
+    if torch is None:
+        return {}
+    import warnings
+
+    out: dict = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # reading allow_tf32 is deprecated in newer torch
+        try:
+            b = torch.backends
+            out["cudnn_enabled"] = bool(b.cudnn.enabled)
+            out["cudnn_benchmark"] = bool(b.cudnn.benchmark)
+            out["cudnn_deterministic"] = bool(b.cudnn.deterministic)
+            out["cudnn_allow_tf32"] = bool(b.cudnn.allow_tf32)
+            out["matmul_allow_tf32"] = bool(b.cuda.matmul.allow_tf32)
+            out["float32_matmul_precision"] = str(torch.get_float32_matmul_precision())
+        except Exception:
+            pass
+    return out
 
 
 def _torch_threads(torch) -> int | None:

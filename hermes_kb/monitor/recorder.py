@@ -23,7 +23,7 @@ except ImportError:  # Windows
 
 from .capture import Capturer
 from .detect import RollingDetector
-from .device import DeviceTimer, cuda_event_factory
+from .device import DeviceTimer, cuda_event_factory, device_allocator
 from .domains import CommTimer, _dist, discover
 from .env import detect_rank, environment
 from .peers import PeerBoard
@@ -847,6 +847,7 @@ class Monitor:
         rss = _rss_bytes()
         if rss is not None:
             out["rss_bytes"] = rss
+        out.update(device_allocator(torch))
         try:
             out["affinity_count"] = len(os.sched_getaffinity(0))
         except (AttributeError, OSError):
