@@ -3,10 +3,10 @@
 
 The split is the paper's multi-component overlap, made exclusive so the parts add up to the step:
 
-* compute: the device computes (kernels, copies);
+* compute: the device computes (kernels, device-to-device and device-to-host copies);
 * communication: collectives run while the device computes nothing (exposed);
-* while the device does nothing, what the host does: the DataLoader's ``next()`` (its
-  annotation) -> data; a launch, another runtime call or a sync after its device work ended
+* while the device computes nothing, a host-to-device copy in flight (the input arriving) or
+  the DataLoader's ``next()`` (its annotation) -> data; a launch, another runtime call or a sync after its device work ended
   (on any host thread) -> host_launch; a CPU operator -> host_dispatch; the driving thread
   between operators (Python, GC, I/O) -> host_python;
 * idle: neither the device nor the host does anything traced.
@@ -56,9 +56,27 @@ def device_sets(ctx: RankContext) -> tuple[iv.Intervals, iv.Intervals]:
         by_name = names.cat.categories.astype(str).str.contains(COMM_NAME, case=False, regex=True)
         comm |= np.append(np.asarray(by_name, dtype=bool), False)[names.cat.codes.to_numpy()]
     ts, end = k["ts"].to_numpy(float), k["end"].to_numpy(float)
-    compute = iv.union(np.concatenate([ts[~comm], mc["ts"].to_numpy(float)]),
-                       np.concatenate([end[~comm], mc["end"].to_numpy(float)]))  # fmt: skip
+    other = ~h2d_mask(ctx)
+    compute = iv.union(np.concatenate([ts[~comm], mc["ts"].to_numpy(float)[other]]),
+                       np.concatenate([end[~comm], mc["end"].to_numpy(float)[other]]))  # fmt: skip
     return compute, iv.union(ts[comm], end[comm])
+
+
+def h2d_mask(ctx: RankContext) -> np.ndarray:
+    """Host-to-device copies among the rank's memcpy rows: the batch (or whatever the host hands
+    over) arriving, not the device computing. While no kernel runs beside one, the step waits for
+    its input: the breakdown counts that time as data, not compute."""
+    mc = ctx.trace.memcpy
+    if not len(mc) or "kind" not in mc:
+        return np.zeros(len(mc), dtype=bool)
+    return (mc["kind"] == "HtoD").to_numpy()
+
+
+def h2d_set(ctx: RankContext) -> iv.Intervals:
+    mc, m = ctx.trace.memcpy, h2d_mask(ctx)
+    if not m.any():
+        return iv.EMPTY
+    return iv.union(mc["ts"].to_numpy(float)[m], mc["end"].to_numpy(float)[m])
 
 
 def _annotation_union(ctx: RankContext, kind: str) -> iv.Intervals:
@@ -131,6 +149,9 @@ def components(ctx: RankContext, g: Graph, main_tid: int) -> tuple[dict[str, np.
         out["communication"] = iv.overlap_length(ws, we, exposed)
         busy = iv.union(np.concatenate([comp[0], comm[0]]), np.concatenate([comp[1], comm[1]]))
         idle_dev = iv.subtract(span, busy)
+        h2d = h2d_set(ctx)
+        if len(h2d[0]):  # the device copying the input in with no kernel beside it: waiting for data
+            dl = iv.union(np.concatenate([dl[0], h2d[0]]), np.concatenate([dl[1], h2d[1]]))
         parts = _split(ws, we, idle_dev, [("data", dl), ("host_launch", host["launch"]),
                                           ("host_dispatch", iv.union(np.concatenate([host["op"][0], host["comm"][0]]),
                                                                      np.concatenate([host["op"][1], host["comm"][1]]))),

@@ -303,12 +303,15 @@ def short_kernel_name(name: str) -> str:
 _TC = re.compile(r"hmma|xmma|wgmma|tensorop|tfloat32|s16816|s1688|h1688|h16816|h884|s884|i8816|i16832|\d+x\d+x\d+gemm|"
                  r"wmma|tf32|bf16|f16|fp16|e4m3|e5m2|fp8|mxfp|nvjet|sm90_|sm100|_MI\d+x\d+x\d+|mfma|xdl|gtcx|"
                  r"BBS_|HHS_|_HSS_|cutlass_80_tensorop|_bf16|bfloat16|half", _I)  # fmt: skip
-_NO_TC = re.compile(r"sgemm|simt|gemv|dot_kernel|gcgemm|dgemm|scudnn|winograd|implicit_convolve|gemmSN|gemmk1|"
+# cuBLAS/cuDNN xmma kernels name their math instruction: "_ffma_" is FP32 FMA on the CUDA cores
+# (e.g. sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_..._ffma_aligna4_...: FP32 GEMMs with TF32 off on
+# Ampere/Hopper), where tensor-core ones say hmma/imma/wgmma/tf32
+_NO_TC = re.compile(r"sgemm|simt|gemv|dot_kernel|gcgemm|dgemm|scudnn|winograd|implicit_convolve|gemmSN|gemmk1|_ffma|"
                     r"fft2d|_engine<|conv2d_grouped_direct|naive_conv", _I)  # fmt: skip
 _AUX = re.compile(r"splitkreduce|epilogue|reduce_1Block|scal_kernel|cask_cudnn|computeOffsets|"
                   r"reduce_wgrad|nchwToNhwc|nhwcToNchw", _I)  # fmt: skip
 _FP32 = re.compile(r"sgemm|tfloat32|scudnn|float, float, float|_s_?gemm|s1688gemm|s16816gemm|<float,|<int, int, float, float|tf32f32|"
-                   r"float const\*|_f32_f32|fp32", _I)  # fmt: skip
+                   r"float const\*|_f32_f32|fp32|_f32f32_f32f32_f32", _I)  # fmt: skip
 _LOW = re.compile(r"bf16|bfloat16|half|f16|fp16|hgemm|h884|h1688|h16816|e4m3|e5m2|fp8|_i8|int8|BBS|HHS|HSS|"
                   r"mxfp|__nv_bfloat16|c10::BFloat16|c10::Half|double|dgemm", _I)  # fmt: skip
 
@@ -630,7 +633,23 @@ def _short_kernels(ctx: RankContext, k: _Acts) -> list[Fact]:
     )]  # fmt: skip
 
 
-def _tensor_cores(ctx: RankContext, k: _Acts) -> tuple[list[Fact], bool]:
+def tensor_core_removes(dev: DeviceSpec | None) -> tuple[float | None, float | None]:
+    """Share of FP32 CUDA-core GEMM time that tensor-core math removes on ``dev`` (low, high): the
+    kernels' time scales with the peak rate, the low end assuming the tensor-core kernels realise
+    only half their peak advantage (TF32, or FP16 where there is no TF32), the high end all of it
+    (BF16, else FP16)."""
+    fp32 = dev.peak("fp32") if dev is not None else None
+    if not fp32:
+        return None, None
+    low_peak = dev.peak("tf32") or dev.peak("fp16")
+    high_peak = dev.peak("bf16") or dev.peak("fp16")
+    if not low_peak or not high_peak or high_peak <= fp32:
+        return None, None
+    hi = 1.0 - fp32 / high_peak
+    return min(max(0.0, 1.0 - 2.0 * fp32 / low_peak), hi), hi
+
+
+def _tensor_cores(ctx: RankContext, k: _Acts, dev: DeviceSpec | None = None) -> tuple[list[Fact], bool]:
     """The tensor-core fact, and whether FP32 matmuls run as TF32 (for choosing peaks)."""
     mm = k.take((k.cls == _CLS_INDEX["gemm"]) | (k.cls == _CLS_INDEX["conv"]))
     if not len(mm):
@@ -651,6 +670,7 @@ def _tensor_cores(ctx: RankContext, k: _Acts) -> tuple[list[Fact], bool]:
     _register_device(ctx, "fp32_gemm", "FP32 GEMM kernels on CUDA cores (no tensor cores)", mm.take(sel & gemm))
     _register_device(ctx, "fp32_conv", "FP32 convolution kernels on CUDA cores (no tensor cores)", mm.take(sel & ~gemm))
     fp32_notc_g = float(dur[gemm & sel].sum())
+    removes = tensor_core_removes(dev)
     fp32_notc_all = float(dur[sel].sum())
     fp32_tc = float(dur[fp32 & tf32 & (kind == "tensor")].sum())
     fact = TensorCoreUsage(
@@ -660,6 +680,8 @@ def _tensor_cores(ctx: RankContext, k: _Acts) -> tuple[list[Fact], bool]:
         tensor_core_ratio=_ratio(tc / tot) if tot else 0.0,
         fp32_non_tensor_core_gemm_ratio=_ratio(fp32_notc_g / gt) if gt else 0.0,
         fp32_non_tensor_core_ratio=_ratio(fp32_notc_all / tot) if tot else 0.0,
+        fp32_non_tensor_core_gemm_time_us=fp32_notc_g,
+        tensor_core_removes_low_ratio=removes[0], tensor_core_removes_high_ratio=removes[1],
         evidence=Evidence(
             time_ranges_us=[ctx.span],
             events=_top_names(mm.name_id[sel], dur[sel], mm.names) if sel.any() else
@@ -1160,13 +1182,13 @@ def per_rank(ctx: RankContext) -> list[Fact]:
         facts.extend(_cpu_class_facts(ctx) if not len(ctx.trace.kernels) else [])
         ops = ctx.trace.cpu_ops
         total_dev = float(_cpu_self_time(ops)[_in_windows(ctx, ops["ts"].to_numpy())].sum()) if len(ops) else 0.0
-    if len(k):
-        facts.extend(_short_kernels(ctx, k))
-        tc, fp32_tf32 = _tensor_cores(ctx, k)
-        facts.extend(tc)
-        facts.extend(_fusion(ctx, k))
     devices = np.unique(k.device[k.device >= 0]) if len(k) else np.zeros(0, dtype=np.int64)
     dev = device_of_trace(ctx.trace, int(devices[0]) if len(devices) else None)
+    if len(k):
+        facts.extend(_short_kernels(ctx, k))
+        tc, fp32_tf32 = _tensor_cores(ctx, k, dev)
+        facts.extend(tc)
+        facts.extend(_fusion(ctx, k))
     launcher = None
     if len(k) and len(ctx.trace.cpu_ops):
         launcher = _launching_op(ctx.trace, ctx.trace.cpu_ops, k.row)

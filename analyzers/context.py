@@ -61,5 +61,15 @@ class RankContext:
         ok = (i >= 0) & (ts < ends[np.clip(i, 0, None)])
         return np.where(ok, steps[np.clip(i, 0, None)], -1)
 
+    def host_step_of(self, ts: np.ndarray) -> np.ndarray:
+        """``step_of`` for host calls: the last window runs on to the end of its device work, but a
+        host call made after the last step's annotation closed belongs to no step (torch.profiler's
+        stop synchronises the device there, draining every step still queued)."""
+        out = self.step_of(ts)
+        last = self.windows[-1] if self.windows else None
+        if last is not None and last.start_us < last.cpu_end_us < last.end_us:
+            out = np.where((out == last.step) & (np.asarray(ts, dtype=np.float64) >= last.cpu_end_us), -1, out)
+        return out
+
     def in_window(self, df: pd.DataFrame, w: StepWindow, col: str = "ts") -> pd.DataFrame:
         return df[(df[col] >= w.start_us) & (df[col] < w.end_us)]

@@ -168,6 +168,14 @@ def _launch(ctx: RankContext, host: iv.Intervals, has_ops: bool, device: iv.Inte
         kdur = kn["dur"].to_numpy()[gi]
         ldur = rdur[ri]
         queue = kn["ts"].to_numpy()[gi] - rt["end"].to_numpy()[ri]  # HTA launch delay
+        # a launch call that returns only after its kernel has finished: with asynchronous
+        # launches impossible for a kernel that runs longer than any launch call takes
+        k_end, r_end = kn["end"].to_numpy()[gi], rt["end"].to_numpy()[ri]
+        long_k = kdur >= LONG_KERNEL_US
+        n_long = int(long_k.sum())
+        n_waited = int((long_k & (r_end >= k_end)).sum())
+    else:
+        n_long = n_waited = 0
     nk = len(kdur)
     short = int((kdur < ldur).sum())
     hs, he = host_window_arrays(ctx)
@@ -210,6 +218,7 @@ def _launch(ctx: RankContext, host: iv.Intervals, has_ops: bool, device: iv.Inte
         launch_call_mean_us=float(lsel.mean()) if len(lsel) else None, launch_call_p50_us=_pctl(lsel, 50),
         kernel_mean_us=float(kdur.mean()) if nk else None, kernel_p50_us=_pctl(kdur, 50),
         short_kernels_count=short, short_kernels_ratio=div(short, nk),
+        long_kernels_count=n_long, launch_waited_long_kernels_ratio=div(n_waited, n_long),
         host_us_per_kernel=(host_us / nk) if (host_us is not None and nk) else None,
         queue_p50_us=_pctl(queue, 50), queue_p95_us=_pctl(queue, 95),
         host_wait_kernels_count=hw_count, host_wait_kernels_ratio=div(hw_count, hw_total),
@@ -227,6 +236,7 @@ def _launch(ctx: RankContext, host: iv.Intervals, has_ops: bool, device: iv.Inte
     )]  # fmt: skip
 
 
+LONG_KERNEL_US = 50.0  # longer than an asynchronous launch call takes (3-30 us)
 STALL_MIN_US = 1000.0  # a launch call this long is not launching any more ...
 STALL_FACTOR = 50.0  # ... when it also takes this many times the median launch call
 
@@ -435,14 +445,14 @@ def _sync(ctx: RankContext) -> list[Fact]:
     if len(rt):
         sm = (rt["kind"] == "sync").to_numpy()
         rows_sync = np.flatnonzero(sm)
-    s_step = ctx.step_of(rt["ts"].to_numpy()[rows_sync]) if len(rows_sync) else np.zeros(0, np.int64)
+    s_step = ctx.host_step_of(rt["ts"].to_numpy()[rows_sync]) if len(rows_sync) else np.zeros(0, np.int64)
     rows_sync, s_step = rows_sync[s_step >= 0], s_step[s_step >= 0]
     # device-to-host copies, and the blocking ones: a synchronous copy call, or pageable destination
     mc = tr.memcpy
     d_idx = np.flatnonzero((mc["kind"] == "DtoH").to_numpy()) if len(mc) else np.zeros(0, np.int64)
     d_step = ctx.step_of(mc["ts"].to_numpy()[d_idx]) if len(d_idx) else np.zeros(0, np.int64)
     blk_rows = _blocking_dtoh_rows(tr)
-    blk_step = ctx.step_of(rt["ts"].to_numpy()[blk_rows])
+    blk_step = ctx.host_step_of(rt["ts"].to_numpy()[blk_rows])
     blk_rows, blk_step = blk_rows[blk_step >= 0], blk_step[blk_step >= 0]
     blk_dur = rt["dur"].to_numpy()[blk_rows]
     sy = tr.syncs

@@ -765,8 +765,25 @@ def _h2d(ctx: RankContext) -> list[Fact]:
     df = pd.DataFrame({"kind": kind, "dur": mc["dur"].to_numpy()[idx], "bytes": mc["bytes"].to_numpy()[idx],
                        "host": host[idx], "ts": mc["ts"].to_numpy()[idx], "end": mc["end"].to_numpy()[idx]})  # fmt: skip
     all_bytes = float(df["bytes"].clip(lower=0).sum())
+    ws, we = window_arrays(ctx)
+    kt = tr.kernels
+    kernels = iv.union(kt["ts"].to_numpy(float), kt["end"].to_numpy(float)) if len(kt) else iv.EMPTY
+    call_s, call_e = np.full(len(mc), np.nan), np.full(len(mc), np.nan)
+    call_s[mi], call_e[mi] = tr.runtime["ts"].to_numpy()[ri], tr.runtime["end"].to_numpy()[ri]
+    df["call_s"], df["call_e"] = call_s[idx], call_e[idx]
     facts: list[Fact] = []
     for k, g in df.groupby("kind", sort=True):
+        has_call = np.isfinite(g["call_s"].to_numpy())
+        held = iv.union(np.concatenate([g["ts"].to_numpy(float), g["call_s"].to_numpy()[has_call]]),
+                        np.concatenate([g["end"].to_numpy(float), g["call_e"].to_numpy()[has_call]]))  # fmt: skip
+        waited = float(lengths(ws, we, iv.subtract(held, kernels) if len(kernels[0]) else held).sum())
+        window = float((we - ws).sum())
+        if k == "pageable":
+            rows = idx[(kind == "pageable")]
+            register(ctx, WhatIfSet.of_intervals(
+                "h2d_pageable", "host-to-device copies from pageable memory, and the calls that issued them",
+                tr.runtime["tid"].to_numpy()[ri][np.isin(mi, rows)], call_s[mi][np.isin(mi, rows)],
+                call_e[mi][np.isin(mi, rows)], memcpy=rows))  # fmt: skip
         b = int(g["bytes"].clip(lower=0).sum())
         dev = float(g["dur"].sum())
         longest = g.nlargest(3, "dur")
@@ -774,10 +791,12 @@ def _h2d(ctx: RankContext) -> list[Fact]:
             rank=tr.rank, src=k, pageable=k == "pageable", copies_count=len(g), copied_bytes=b, device_us=dev,
             host_us=float(g["host"].sum()), bandwidth_gbps=(b / dev / 1e3) if dev > 0 else None,
             share_of_h2d_bytes_ratio=div(b, all_bytes), largest_bytes=int(g["bytes"].max()),
+            window_us=window, waited_us=waited, waited_ratio=min(div(waited, window), 1.0),
             evidence=Evidence(time_ranges_us=list(zip(longest["ts"].astype(float), longest["end"].astype(float))),
                               events=[f"Memcpy HtoD ({ {'pageable': 'Pageable', 'pinned': 'Pinned'}.get(k, 'Host')} -> Device)"],
                               counts={"memcpy": len(g)},
-                              note="bandwidth = bytes / summed device duration (1 GB/s = 1e3 bytes/µs)"),
+                              note="bandwidth = bytes / summed device duration (1 GB/s = 1e3 bytes/µs); waited = "
+                                   "copies and their calls, minus kernel time, within the step windows"),
         ))  # fmt: skip
     return facts
 

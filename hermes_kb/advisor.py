@@ -226,6 +226,10 @@ def _gain(case: Case, m: Match, step_means: dict, whatif: dict, bds: dict,
         return None
     rank = m.bindings.get(g.removes.binding, {}).get("rank")
     lo_f, hi_f = g.fraction
+    if g.fraction_from is not None:
+        f_lo, f_hi = (_value(m, ref) for ref in g.fraction_from)
+        if f_lo is not None and f_hi is not None:
+            lo_f, hi_f = sorted((min(max(float(f_lo), 0.0), 1.0), min(max(float(f_hi), 0.0), 1.0)))
     r = max(r, 0.0)
     low = _value(m, g.removes_low)
     r_low = min(max(low, 0.0), r) if low is not None else r

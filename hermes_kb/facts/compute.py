@@ -121,6 +121,14 @@ class TensorCoreUsage(Fact):
     tensor_core_ratio: float = ratio("tensor_core_time_us / (gemm + conv time)")
     fp32_non_tensor_core_gemm_ratio: float = ratio("FP32 non-tensor-core GEMM time / GEMM time")
     fp32_non_tensor_core_ratio: float = ratio("fp32_non_tensor_core_time_us / (gemm + conv time)")
+    fp32_non_tensor_core_gemm_time_us: float = us("FP32 GEMM kernels not on tensor cores", default=0.0)
+    tensor_core_removes_low_ratio: float | None = ratio(
+        "share of the FP32 CUDA-core GEMM time that tensor-core math removes at the low end, from this device's "
+        "peaks: 1 - 2 x FP32 peak / TF32 peak (FP16 where there is no TF32): the tensor-core kernels reaching "
+        "half their peak advantage (small or odd shapes); null when the device is not known", default=None)
+    tensor_core_removes_high_ratio: float | None = ratio(
+        "the same at the high end: 1 - FP32 peak / BF16 (else FP16) tensor-core peak, large GEMMs under "
+        "16-bit autocast; null when the device is not known", default=None)
 
 
 class ShortKernels(Fact):

@@ -32,6 +32,13 @@ class LaunchOverhead(Fact):
         "count", "kernels that ran for less time than their own launch call took"
     )
     short_kernels_ratio: float = ratio("short_kernels_count / kernels_count")
+    long_kernels_count: int = measure(
+        "count", "of those kernels, the ones running at least 50 us (longer than an asynchronous launch call takes)",
+        default=0)
+    launch_waited_long_kernels_ratio: float = ratio(
+        "share of the long kernels whose launch call returned only after the kernel had finished: near 1 when "
+        "launches are synchronous (CUDA_LAUNCH_BLOCKING), near 0 when they are queued; 0 without long kernels",
+        default=0.0)
     host_us_per_kernel: float | None = us(
         "host busy time (as in host_device_busy: cpu ops minus blocked time, in the steps) / kernels_count",
         default=None,

@@ -234,3 +234,8 @@ class HostToDeviceCopies(Fact):
     )
     share_of_h2d_bytes_ratio: float = ratio("bytes / all HtoD bytes of the rank")
     largest_bytes: int = measure("bytes", "largest single copy")
+    window_us: float = us("summed length of the analysed step windows", default=0.0)
+    waited_us: float = us(
+        "time in the windows when the copies hold the step: a copy or the call issuing it in progress while no "
+        "kernel runs (the host blocked in a synchronous copy, the device waiting for its input)", default=0.0)
+    waited_ratio: float = ratio("waited_us / window_us", default=0.0)

@@ -435,6 +435,8 @@ def _load_checked(rules_dir: Path, cases_dir: Path, overrides) -> KnowledgeBase:
             _check_ref(item.gain.step, bound, ("gain", "step"), p, nodes, problems)
             _check_ref(item.gain.at_most, bound, ("gain", "at_most"), p, nodes, problems)
             _check_ref(item.gain.removes_low, bound, ("gain", "removes_low"), p, nodes, problems)
+            for i, ref in enumerate(item.gain.fraction_from or ()):
+                _check_ref(ref, bound, ("gain", "fraction_from", i), p, nodes, problems)
             if item.gain.whatif is not None and not known_target(item.gain.whatif.target):
                 problems.append(_where(p, nodes, ("gain", "whatif", "target"),
                                        f"unknown what-if target {item.gain.whatif.target!r} (docs/analysis/whatif.md)"))

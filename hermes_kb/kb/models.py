@@ -127,6 +127,11 @@ class Gain(BaseModel):
         "removable time at its low end; the fraction's low end then applies to this one",
     )
     fraction: tuple[float, float] = Field(description="low and high fraction of that time the fix removes (0..1)")
+    fraction_from: tuple[FieldRef, FieldRef] | None = Field(
+        default=None,
+        description="where the fraction is known on the user's own hardware (e.g. from its tensor-core and FP32 "
+        "peaks): fact fields giving its low and high end, used instead of ``fraction`` when both are set",
+    )
     at_most: FieldRef | None = Field(
         default=None,
         description="a per-window time (µs) the fix cannot remove more than, whatever the fraction (e.g. what the "
