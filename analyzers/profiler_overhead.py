@@ -39,7 +39,10 @@ def overhead_of(rank: int, log: RankLog, windows_abs_us: list[tuple[float, float
     if not len(log.wall_s):
         return None
     steps = np.asarray(log.step)
-    wall = np.asarray(log.wall_s, dtype=np.float64) * 1e6
+    # a step lasts the longer of the host's wall time and the device's (CUDA events at the step
+    # boundaries): a host running ahead of a device-bound GPU ends its steps early
+    dev = np.array([log.device_s.get(int(s), np.nan) for s in steps], dtype=np.float64)
+    wall = np.fmax(np.asarray(log.wall_s, dtype=np.float64), dev) * 1e6
     end = np.asarray(log.end_s, dtype=np.float64) * 1e6 if len(log.end_s) == len(wall) else np.full(len(wall), np.nan)
     covered = np.zeros(len(wall))
     for a, b in windows_abs_us:

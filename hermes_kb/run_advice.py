@@ -94,6 +94,42 @@ def merge_monitor_env(bundle: TraceBundle, run: RunLog) -> None:
                 trace.meta.host_cpu["usable_cores"] = len(rec["affinity"])
         if isinstance(rec.get("torch_threads"), int):
             trace.meta.torch_threads = rec["torch_threads"]
+        if log is not None:
+            trace.meta.unprofiled_step_us = unprofiled_step_us(log, trace)
+
+
+UNPROFILED_WARMUP = 2  # the monitor's first steps (compilation, allocator warm-up) are left out
+UNPROFILED_MIN = 5
+
+
+def unprofiled_step_us(log, trace) -> float | None:
+    """The run's step time without the profiler, from the monitor's steps outside the capture: per
+    step the longer of the host's wall time and the device's (CUDA events at the step boundaries:
+    a host running ahead of a device-bound GPU finishes its steps early, the device sets the pace),
+    the median over the steps that ended outside the capture's span and the one after it. None
+    when the clocks do not meet or too few such steps remain."""
+    import numpy as np
+
+    wall = np.asarray(log.wall_s, dtype=np.float64)
+    end = np.asarray(log.end_s, dtype=np.float64)
+    steps = np.asarray(log.step)
+    marks = trace.steps
+    if len(wall) < UNPROFILED_MIN or len(end) != len(wall) or not len(marks) or not trace.meta.base_time_ns:
+        return None
+    dev = np.array([log.device_s.get(int(s), np.nan) for s in steps], dtype=np.float64)
+    eff = np.fmax(wall, dev) * 1e6
+    lo = (trace.meta.origin_us + float(marks["ts"].min())) / 1e6
+    hi = (trace.meta.origin_us + float(marks["end"].max())) / 1e6
+    inside = (end >= lo) & (end - wall <= hi)
+    if not inside.any():
+        return None
+    after = int(np.flatnonzero(inside)[-1]) + 1
+    keep = ~inside & np.isfinite(end)
+    keep[after:after + 2] = False  # the capture's export and drain
+    keep[:UNPROFILED_WARMUP] = False
+    if keep.sum() < UNPROFILED_MIN:
+        return None
+    return float(np.median(eff[keep]))
 
 
 def advise_run_dir(run_dir: str | os.PathLike, *, config=None, engine="auto", top: int | None = None,

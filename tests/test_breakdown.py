@@ -86,7 +86,11 @@ def test_kineto_2021_pair_data_then_none(shared):
     nw0 = breakdown(shared / "kineto_2021/resnet50_num_workers_0.pt.trace.json.gz")
     nw4 = breakdown(shared / "kineto_2021/resnet50_num_workers_4.pt.trace.json.gz")
     assert 0.25 < nw0.data_ratio < 69.3 / 174.8
-    assert nw4.data_ratio < 0.02
+    # num_workers=4: the loader itself is under 2% of the steps; the 12 pageable HtoD batch copies
+    # run with no kernel beside them for 18,959 µs of the 838,490 µs the six steps span (2.3%,
+    # counted from the raw events), which the breakdown counts as data too
+    assert nw4.data_ratio < 0.02 + 18959 / 838490
+    assert nw4.data_ratio > 18959 / 838490 * 0.9
     assert nw4.critical_component == "compute"
 
 

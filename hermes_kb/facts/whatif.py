@@ -45,6 +45,9 @@ class WhatIf(Fact):
     critical_us: float = us("the set's time on the steps' critical paths: an upper bound on what shortening it removes")
     step_us: float = us("analysed steps (sum of the step windows)")
     replay_base_us: float = us("the analysed span as the replay measures it (first step start to last step end)")
+    profiler_host_scale: float = measure(
+        "factor", "the host events' own work was scaled by this before the replay, taking off the profiler's cost so "
+        "that the replayed steps last as long as the monitor measured them unprofiled (1: unchanged)", default=1.0)
     removed_half_us: float = us("how much shorter the analysed steps get with the set's events half as long")
     removed_all_us: float = us("how much shorter they get with the set's events gone")
     removed_all_ratio: float = ratio("removed_all_us / step_us")

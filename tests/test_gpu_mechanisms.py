@@ -1,0 +1,241 @@
+"""Mechanisms found on the GPU zoo (benchmarks/scenarios/gpu_*.py, recorded on an H200), each on a
+hand-made trace with the expected numbers worked out in the comments, then on the recordings.
+
+- synchronous launches: a launch call that returns only after its long kernel has ended;
+- host-to-device copies with no kernel beside them hold the step (data, not compute);
+- FP32 xmma kernels with ``_ffma_`` run on the CUDA cores, and what tensor cores remove follows
+  the device's peaks;
+- a host synchronisation after the last step's annotation (the profiler's stop) is no step's;
+- the replay takes the profiler's cost off the host where the monitor measured the run unprofiled.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import hermes_kb
+from analyzers import compute as C
+from analyzers import cpu as A
+from analyzers import io as IO
+from analyzers.breakdown import components
+from analyzers.steps import step_context
+from conftest import X, write_trace
+from hermes_kb.devices import lookup
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU_ZOO = ROOT / "benchmarks/scenarios/recorded"
+
+
+def K(name, ts, dur, corr, stream=7):
+    return X("kernel", name, ts, dur, pid=0, tid=stream, args={"device": 0, "stream": stream, "correlation": corr})
+
+
+def RT(name, ts, dur, corr, ext=None):
+    args = {"correlation": corr}
+    if ext is not None:
+        args["External id"] = ext
+    return X("cuda_runtime", name, ts, dur, args=args)
+
+
+def OP(name, ts, dur, ext):
+    return X("cpu_op", name, ts, dur, args={"External id": ext})
+
+
+def ctx_of(tmp_path, events):
+    (t,) = [t for t in hermes_kb.load(write_trace(tmp_path / "t.json", events))]
+    return step_context(t)[0]
+
+
+# ---------------------------------------------------------------- synchronous launches
+
+
+def _launches(blocking: bool) -> list[dict]:
+    """One step [0, 2000): four ops each launching a 100 µs kernel, 400 µs apart. Asynchronous:
+    the call lasts 10 µs and the kernel starts 5 µs after it returns. Blocking: the kernel starts
+    5 µs into the call and the call returns 5 µs after the kernel ends (110 µs)."""
+    ev = [X("user_annotation", "ProfilerStep#1", 0, 2000)]
+    for i in range(4):
+        t0 = 100 + 400 * i
+        call = 110 if blocking else 10
+        k0 = t0 + 15 if blocking else t0 + 25
+        ev += [OP("aten::mm", t0, call + 20, 10 + i), RT("cudaLaunchKernel", t0 + 10, call, 100 + i, 10 + i),
+               K("gemm", k0, 100, 100 + i)]  # fmt: skip
+    return ev
+
+
+def test_blocking_launch_calls_return_after_their_long_kernels(tmp_path):
+    (f,) = [f for f in A.per_rank(ctx_of(tmp_path, _launches(True))) if f.kind == "launch_overhead"]
+    # kernel [t0+15, t0+115), call [t0+10, t0+120): every 100 µs kernel ended before its call returned
+    assert f.long_kernels_count == 4 and f.launch_waited_long_kernels_ratio == 1.0
+    assert f.short_kernels_ratio == 1.0  # 100 < 110: under blocking every kernel is "shorter than its launch"
+
+
+def test_queued_launch_calls_return_before_their_long_kernels(tmp_path):
+    (f,) = [f for f in A.per_rank(ctx_of(tmp_path, _launches(False))) if f.kind == "launch_overhead"]
+    # call [t0+10, t0+20), kernel [t0+25, t0+125)
+    assert f.long_kernels_count == 4 and f.launch_waited_long_kernels_ratio == 0.0
+    assert f.short_kernels_ratio == 0.0
+
+
+# ---------------------------------------------------------------- host-to-device copies
+
+
+def _copy_trace(src: str) -> list[dict]:
+    """Step [0, 3000): a 1000 µs HtoD copy at [100, 1100) issued by a call [90, 1110) (pageable:
+    the host blocks), then a 500 µs kernel at [1200, 1700) and a second kernel at [2000, 2300)
+    under which a second 200 µs copy [2050, 2250) runs (hidden)."""
+    args = {"device": 0, "stream": 7, "correlation": 300, "bytes": 100_000_000}
+    args2 = {"device": 0, "stream": 8, "correlation": 301, "bytes": 20_000_000}
+    return [
+        X("user_annotation", "ProfilerStep#1", 0, 3000),
+        OP("aten::copy_", 80, 1040, 30), RT("cudaMemcpyAsync", 90, 1020, 300, 30),
+        X("gpu_memcpy", f"Memcpy HtoD ({src} -> Device)", 100, 1000, pid=0, tid=7, args=args),
+        OP("aten::mm", 1150, 40, 31), RT("cudaLaunchKernel", 1160, 10, 302, 31), K("gemm", 1200, 500, 302),
+        OP("aten::mm", 1950, 40, 32), RT("cudaLaunchKernel", 1960, 10, 303, 32), K("gemm", 2000, 300, 303),
+        OP("aten::copy_", 2030, 30, 33), RT("cudaMemcpyAsync", 2040, 5, 301, 33),
+        X("gpu_memcpy", f"Memcpy HtoD ({src} -> Device)", 2050, 200, pid=0, tid=8, args=args2),
+    ]
+
+
+def test_h2d_copies_measure_the_time_they_hold_the_step(tmp_path):
+    ctx = ctx_of(tmp_path, _copy_trace("Pageable"))
+    (h,) = [f for f in IO.per_rank(ctx) if f.kind == "h2d_copies"]
+    assert h.pageable and h.copies_count == 2 and h.copied_bytes == 120_000_000
+    # held: union of copies and calls [90, 1110) u [2040, 2250) minus kernels [1200, 1700) u [2000, 2300)
+    # = 1020 + 0 (the second copy and its call lie under the second kernel)
+    assert h.waited_us == pytest.approx(1020.0)
+    assert h.window_us == pytest.approx(3000.0) and h.waited_ratio == pytest.approx(1020 / 3000)
+
+
+def test_a_copy_with_no_kernel_beside_it_is_data_in_the_breakdown(tmp_path):
+    from analyzers.critical_path import per_rank as cp_rank
+
+    ctx = ctx_of(tmp_path, _copy_trace("Pageable"))
+    cp_rank(ctx)
+    parts, _, device = components(ctx, ctx.shared["graph"], ctx.shared.get("main_tid", -1))
+    assert device == "gpu"
+    # the 1000 µs copy alone on the device is data; the hidden 200 µs copy is not counted twice:
+    # compute = the two kernels (500 + 300)
+    assert parts["compute"][0] == pytest.approx(800.0)
+    assert parts["data"][0] == pytest.approx(1000.0)
+
+
+def test_case_c_io_002_fires_on_a_pageable_batch_copy_without_a_dataloader(tmp_path):
+    r = hermes_kb.advise(write_trace(tmp_path / "t.json", _copy_trace("Pageable")))
+    assert "C-IO-002" in [f.case_id for f in r.findings]
+    r = hermes_kb.advise(write_trace(tmp_path / "p.json", _copy_trace("Pinned")))
+    assert "C-IO-002" not in [f.case_id for f in r.findings]
+
+
+# ---------------------------------------------------------------- FP32 GEMMs and tensor cores
+
+
+@pytest.mark.parametrize("name,kind,fp32", [
+    ("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize256x128x8_stage3_warpsize4x2x1_ffma_aligna4_alignc4_execute_kernel_trmm",
+     "no_tensor", True),
+    ("void cutlass::Kernel2<cutlass_80_simt_sgemm_128x256_8x4_nt_align1>(cutlass_80_simt_sgemm_128x256_8x4_nt_align1::Params)",
+     "no_tensor", True),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off_kernel__5x_cublas",
+     "tensor", False),
+])  # fmt: skip
+def test_kernel_names_of_an_h200_run(name, kind, fp32):
+    assert C.tensor_core_kind(name) == kind and C.is_fp32_kernel(name) is fp32
+
+
+def test_tensor_cores_remove_what_the_device_peaks_say():
+    h100 = lookup("NVIDIA H100 80GB HBM3")
+    lo, hi = C.tensor_core_removes(h100)
+    # H100 SXM: FP32 67, TF32 494.5, BF16 989.5 TFLOP/s (dense): low 1 - 2 x 67 / 494.5, high 1 - 67 / 989.5
+    assert lo == pytest.approx(1 - 2 * 67 / 494.5) and hi == pytest.approx(1 - 67 / 989.5)
+    v100 = lookup("Tesla V100-SXM2-16GB")
+    lo, hi = C.tensor_core_removes(v100)  # no TF32 or BF16: FP16 125 vs FP32 15.7
+    assert lo == pytest.approx(1 - 2 * 15.7 / 125) and hi == pytest.approx(1 - 15.7 / 125)
+    assert C.tensor_core_removes(None) == (None, None)
+
+
+# ---------------------------------------------------------------- the profiler's own synchronisation
+
+
+def test_a_sync_after_the_last_step_annotation_is_no_steps(tmp_path):
+    # steps [0, 100) and [100, 200); a kernel launched in step 2 runs until 900; the profiler's stop
+    # synchronises at [210, 900): inside the last window (it runs to the device end) but after its
+    # annotation closed
+    ev = [X("user_annotation", "ProfilerStep#1", 0, 100), X("user_annotation", "ProfilerStep#2", 100, 100),
+          OP("aten::mm", 20, 30, 1), RT("cudaLaunchKernel", 30, 10, 11, 1), K("gemm", 45, 300, 11),
+          OP("aten::mm", 120, 30, 2), RT("cudaLaunchKernel", 130, 10, 12, 2), K("gemm", 345, 555, 12),
+          RT("cudaDeviceSynchronize", 210, 690, 13)]  # fmt: skip
+    ctx = ctx_of(tmp_path, ev)
+    assert ctx.windows[-1].end_us == pytest.approx(900.0)
+    assert ctx.host_step_of(np.array([210.0]))[0] == -1 and ctx.step_of(np.array([210.0]))[0] == 2
+    syncs = [f for f in A.per_rank(ctx) if f.kind == "host_sync"]
+    assert not syncs or all(f.sync_calls_count == 0 for f in syncs)
+
+
+# ---------------------------------------------------------------- the profiler's cost on the host
+
+
+def test_the_replay_takes_the_profilers_cost_off_the_host(tmp_path):
+    from analyzers import whatif as W
+    from analyzers.critical_path import per_rank as cp_rank
+
+    # 4 steps of 1000 µs: the host is busy 900 µs per step in ops (the profiler's cost included)
+    # launching one 400 µs kernel at its end; the device idles most of the step (host-bound)
+    ev = []
+    for s in range(4):
+        t0 = 1000 * s
+        ev += [X("user_annotation", f"ProfilerStep#{s + 1}", t0, 1000), OP("aten::mm", t0 + 10, 900, 10 + s),
+               RT("cudaLaunchKernel", t0 + 890, 10, 100 + s, 10 + s), K("gemm", t0 + 905, 400, 100 + s)]  # fmt: skip
+    (t,) = hermes_kb.load(write_trace(tmp_path / "t.json", ev))
+    ctx = step_context(t)[0]
+    cp_rank(ctx)
+    m = W.build_model(ctx.shared["graph"], ctx.windows, ctx.shared.get("main_tid", -1))
+    base = W.baseline_time(m)
+    # unprofiled the run took 500 µs a step: the host events shrink until the replay lasts 4 x 500
+    h = W.deflate_profiler(m, 500.0, len(ctx.windows))
+    assert 0.2 < h < 1.0
+    assert W.baseline_time(m) == pytest.approx(2000.0, rel=0.02) and W.baseline_time(m) < base
+    # no correction when the replay already matches the unprofiled steps (4305 µs: the last window
+    # runs on to its kernel's end at 4305, within 5% of 4 x 1050)
+    m2 = W.build_model(ctx.shared["graph"], ctx.windows, ctx.shared.get("main_tid", -1))
+    assert W.deflate_profiler(m2, 1050.0, len(ctx.windows)) == 1.0
+
+
+# ---------------------------------------------------------------- the recordings
+
+
+def _first(run: str) -> str | None:
+    d = GPU_ZOO / run
+    if not d.is_dir():
+        pytest.skip(f"{d} not recorded")
+    r = hermes_kb.advise(d)
+    return r.findings[0].case_id if r.findings else None
+
+
+@pytest.mark.parametrize("scenario,expected", [
+    ("gpu_fp32_matmul", "C-COMP-001"), ("gpu_pageable_copy", "C-IO-002"), ("gpu_launch_bound", "C-CPU-001"),
+    ("gpu_loader_transform", "C-IO-001"), ("gpu_unfused_elementwise", "C-COMP-003"),
+])  # fmt: skip
+def test_gpu_zoo_first_finding(scenario, expected):
+    assert _first(f"{scenario}/bad") == expected
+
+
+def test_gpu_zoo_launch_blocking_names_the_setting_and_the_trace_agrees():
+    d = GPU_ZOO / "gpu_launch_blocking"
+    if not d.is_dir():
+        pytest.skip("not recorded")
+    ids = [f.case_id for f in hermes_kb.advise(d / "bad").findings]
+    assert ids[0] in ("C-MON-010", "C-CPU-008") and "C-CPU-008" in ids and "C-CPU-001" not in ids
+    assert "C-CPU-008" not in [f.case_id for f in hermes_kb.advise(d / "fixed").findings]
+
+
+def test_gpu_zoo_fp32_gain_covers_the_measured_speedup():
+    d = GPU_ZOO / "gpu_fp32_matmul"
+    if not d.is_dir():
+        pytest.skip("not recorded")
+    measured = json.loads((d / "label.json").read_text())["speedup_of_fix"]
+    (f,) = [f for f in hermes_kb.advise(d / "bad").findings if f.case_id == "C-COMP-001"]
+    assert f.expected_speedup.low <= measured <= f.expected_speedup.high * 1.1
