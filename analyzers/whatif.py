@@ -352,48 +352,32 @@ def model_of(ctx: RankContext) -> SimModel | None:
         m = build_model(g, ctx.windows, ctx.shared.get("main_tid", -1))
         if not m.anchors:
             m = None
-    if m is not None:
-        ctx.shared["whatif_host_scale"] = deflate_profiler(m, ctx.trace.meta.unprofiled_step_us, len(ctx.windows))
+    if m is not None and (len(ctx.trace.kernels) or len(ctx.trace.memcpy)):
+        # host against device: on a CPU-only rank every event is host work, scaling it changes no balance
+        ctx.shared["whatif_host_scale"] = deflate_profiler(m, ctx.trace.meta.profiler_host_scale)
     ctx.shared["whatif_model"] = m
     ctx.shared["whatif_chain"] = critical_chain(m) if m is not None else None
     return m
 
 
-PROFILED_SLACK = 1.05  # replayed steps within this of the unprofiled ones need no correction
+PROFILED_SLACK = 0.95  # a host scale above this is left alone
 MIN_HOST_SCALE = 0.2
 
 
-def deflate_profiler(m: SimModel, unprofiled_step_us: float | None, n_windows: int) -> float:
+def deflate_profiler(m: SimModel, host_scale: float | None) -> float:
     """Take the profiler's cost off the host events, in place: a capture with Python stacks adds
     tens of microseconds to every operator and Python call, so a GPU job whose device sets the pace
     can look host-bound in its own profile, and a fix that shortens kernels then seems to gain
-    nothing. Where the monitor measured the run's step time without the profiler, every host
-    event's own work is scaled by one factor h (bisection, at least MIN_HOST_SCALE) until the
-    replayed steps last that long; the model is rebased on that schedule, so every what-if starts
-    from the run as it ran unprofiled. Returns h (1.0: unchanged)."""
-    if not unprofiled_step_us or n_windows <= 0 or not m.anchors:
+    nothing. ``host_scale`` is the host's own time per step unprofiled over profiled, as the
+    monitor measured it (``run_advice.profiler_host_scale``); every host node's own work is scaled
+    by it (at least MIN_HOST_SCALE) and the model is rebased on the replayed schedule, so every
+    what-if starts from the run as it ran unprofiled. Returns the scale applied (1.0: none)."""
+    if not host_scale or host_scale >= PROFILED_SLACK or not m.anchors:
         return 1.0
-    target = unprofiled_step_us * n_windows
-    if baseline_time(m) <= PROFILED_SLACK * target:
-        return 1.0
+    h = max(float(host_scale), MIN_HOST_SCALE)
     host_own = np.zeros(m.n)
     host_own[: m.n_host] = m.own[: m.n_host]
-
-    def run(h: float):
-        S, E = replay(m, host_own * (1.0 - h))
-        return analysed_time(m, S, E), S, E
-
-    lo_h, hi_h = MIN_HOST_SCALE, 1.0
-    t_lo, S, E = run(lo_h)
-    if t_lo < target:
-        for _ in range(10):
-            mid = 0.5 * (lo_h + hi_h)
-            t_mid, S_mid, E_mid = run(mid)
-            if t_mid > target:
-                hi_h = mid
-            else:
-                lo_h, S, E = mid, S_mid, E_mid
-    h = lo_h
+    S, E = replay(m, host_own * (1.0 - h))
     m.own = m.own - host_own * (1.0 - h)
     m.start0, m.end0 = np.asarray(S, dtype=np.float64), np.asarray(E, dtype=np.float64)
     m.last_end = max((E[i] for i in m.last_members.tolist()), default=m.last_end)

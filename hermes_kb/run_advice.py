@@ -95,41 +95,57 @@ def merge_monitor_env(bundle: TraceBundle, run: RunLog) -> None:
         if isinstance(rec.get("torch_threads"), int):
             trace.meta.torch_threads = rec["torch_threads"]
         if log is not None:
-            trace.meta.unprofiled_step_us = unprofiled_step_us(log, trace)
+            trace.meta.profiler_host_scale = profiler_host_scale(log, trace)
 
 
 UNPROFILED_WARMUP = 2  # the monitor's first steps (compilation, allocator warm-up) are left out
-UNPROFILED_MIN = 5
+HOST_AHEAD = 1.1  # a step whose device time exceeds its wall time by this: the host ran ahead
+MIN_PACE_STEPS = 3
 
 
-def unprofiled_step_us(log, trace) -> float | None:
-    """The run's step time without the profiler, from the monitor's steps outside the capture: per
-    step the longer of the host's wall time and the device's (CUDA events at the step boundaries:
-    a host running ahead of a device-bound GPU finishes its steps early, the device sets the pace),
-    the median over the steps that ended outside the capture's span and the one after it. None
-    when the clocks do not meet or too few such steps remain."""
+def _host_pace(wall, dev) -> float | None:
+    """The host's own time per step among these monitor steps: where the device lagged behind
+    (its time over HOST_AHEAD x the wall time: the launch queue was not full and the host never
+    waited), the wall time is the host's pace (median); else the host set the pace itself, or the
+    device hid it, and the lower quartile of max(wall, device) is an upper bound of it."""
+    import numpy as np
+
+    ahead = np.isfinite(dev) & (dev > HOST_AHEAD * wall)
+    if ahead.sum() >= MIN_PACE_STEPS:
+        return float(np.median(wall[ahead]))
+    eff = np.fmax(wall, np.where(np.isfinite(dev), dev, wall))
+    return float(np.percentile(eff, 25)) if len(eff) >= MIN_PACE_STEPS else None
+
+
+def profiler_host_scale(log, trace) -> float | None:
+    """How much of the host's time in the captured steps the profiler added, from the monitor's
+    records: the host's pace (``_host_pace``) in the steps outside the capture over its pace in the
+    steps inside it (the profiler drains the device when it starts, so a host faster than its
+    device runs ahead there and shows its own pace). 1 or more: the profiler added nothing
+    measurable. None when the clocks do not meet or too few steps remain."""
     import numpy as np
 
     wall = np.asarray(log.wall_s, dtype=np.float64)
     end = np.asarray(log.end_s, dtype=np.float64)
     steps = np.asarray(log.step)
     marks = trace.steps
-    if len(wall) < UNPROFILED_MIN or len(end) != len(wall) or not len(marks) or not trace.meta.base_time_ns:
+    if len(wall) < UNPROFILED_WARMUP + 2 * MIN_PACE_STEPS or len(end) != len(wall) or not len(marks) \
+            or not trace.meta.base_time_ns:  # fmt: skip
         return None
     dev = np.array([log.device_s.get(int(s), np.nan) for s in steps], dtype=np.float64)
-    eff = np.fmax(wall, dev) * 1e6
     lo = (trace.meta.origin_us + float(marks["ts"].min())) / 1e6
     hi = (trace.meta.origin_us + float(marks["end"].max())) / 1e6
     inside = (end >= lo) & (end - wall <= hi)
     if not inside.any():
         return None
-    after = int(np.flatnonzero(inside)[-1]) + 1
+    first = int(np.flatnonzero(inside)[0])
+    inside[first] = False  # the profiler's start drained the device inside it
+    after = int(np.flatnonzero(inside)[-1]) + 1 if inside.any() else first + 1
     keep = ~inside & np.isfinite(end)
-    keep[after:after + 2] = False  # the capture's export and drain
+    keep[first:after + 2] = False  # the capture's start, export and drain
     keep[:UNPROFILED_WARMUP] = False
-    if keep.sum() < UNPROFILED_MIN:
-        return None
-    return float(np.median(eff[keep]))
+    p, u = _host_pace(wall[inside], dev[inside]), _host_pace(wall[keep], dev[keep])
+    return u / p if p and u and p > 0 else None
 
 
 def advise_run_dir(run_dir: str | os.PathLike, *, config=None, engine="auto", top: int | None = None,

@@ -54,9 +54,9 @@ class TraceMeta:
     # recorded them (a Kineto trace does not)
     host_cpu: dict[str, Any] = field(default_factory=dict)
     torch_threads: int | None = None
-    # the step time of the same run without the profiler, where a monitor log measured it: the
-    # what-if replay takes the profiler's cost off the host events by it (analyzers/whatif.py)
-    unprofiled_step_us: float | None = None
+    # the host's own time per step unprofiled over profiled, where a monitor log timed both: the
+    # what-if replay scales the host events by it (analyzers/whatif.py)
+    profiler_host_scale: float | None = None
 
     @property
     def device_name(self) -> str | None:
