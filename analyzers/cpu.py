@@ -802,6 +802,15 @@ def _register_host_work(ctx: RankContext, host: iv.Intervals, tids: np.ndarray) 
     dl = ann[(ann["kind"] == "dataloader").to_numpy()] if len(ann) else ann
     DL = iv.union(dl["ts"].to_numpy(), dl["end"].to_numpy()) if len(dl) else iv.EMPTY
     blocked = _blocked_union(tr, tids)
+    steps_s, steps_e = [], []
+    mt = main_tid(tr)
+    if mt is not None:
+        # the driving thread's whole step (forward, backward, optimizer, the Python between them),
+        # without its waits and its data loading: what a captured graph of the step replays at once
+        hs, he = host_window_arrays(ctx)
+        w = iv.subtract(iv.subtract(iv.union(hs, he), blocked), DL)
+        if len(w[0]):
+            steps_s.append((int(mt), w[0], w[1]))
     for t in ltids:
         om = (ops["tid"].to_numpy() == t) & (ops["depth"].to_numpy() == 0) if len(ops) else np.zeros(0, bool)
         rm = (rtid == t) & (rt["kind"] != "sync").to_numpy()
@@ -811,6 +820,14 @@ def _register_host_work(ctx: RankContext, host: iv.Intervals, tids: np.ndarray) 
         if len(w[0]):
             register(ctx, WhatIfSet.of_intervals("host_work", "operators and runtime calls on the launching threads "
                                                  "(no syncs, no DataLoader)", int(t), w[0], w[1]))  # fmt: skip
+            if t != mt:
+                steps_s.append((int(t), w[0], w[1]))
+    if steps_s:
+        register(ctx, WhatIfSet(
+            "host_step", "the driving thread's steps and the other launching threads' work, without waits or "
+            "data loading (what a captured graph replays in one launch)",
+            host_tid=np.concatenate([np.full(len(a), t, np.int64) for t, a, _ in steps_s]),
+            host_start=np.concatenate([a for _, a, _ in steps_s]), host_end=np.concatenate([b for _, _, b in steps_s])))
 
 
 # ---------------------------------------------------------------- allocation, graph capture, task queue

@@ -15,7 +15,7 @@ from .base import Fact, measure, ratio, us
 TARGETS = frozenset({
     "dataloader", "host_gaps", "host_gaps_large", "python_io", "python_preprocess", "tiny_ops", "optimizer", "gc", "compile", "syncs",
     "implicit_syncs", "explicit_syncs", "launch_calls", "host_work", "communication", "device_compute", "fp32_gemm",
-    "fp32_conv", "fusable", "python_pauses", "h2d_pageable",
+    "fp32_conv", "fusable", "python_pauses", "h2d_pageable", "host_step",
     # cpu (analyzers/pyframes.py, cpu.py, dispatch.py)
     "anomaly", "tensor_format", "module_hooks", "construction", "gc_collect", "compile_wrappers", "zero_grad",
     "ddp_buffer_sync", "data_parallel", "sync_batchnorm", "device_alloc", "graph_capture", "state_copy",
