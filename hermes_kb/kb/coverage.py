@@ -54,6 +54,7 @@ class CaseRow:
     status: str
     title: str
     where: dict[str, list[str]]  # kind -> source names
+    not_recorded: str | None = None  # the case's own word on why nothing shows it yet
 
     @property
     def fired_anywhere(self) -> bool:
@@ -233,7 +234,7 @@ def coverage(kb: KnowledgeBase, judged: Sequence[Judged], shared: Path | None = 
     for e in kb.cases:
         c = e.item
         where = {k: [j.source.name for j in judged if j.source.kind == k and c.id in j.fired] for k in KINDS}
-        rows.append(CaseRow(c.id, c.category, c.hardware, c.status, c.title, where))
+        rows.append(CaseRow(c.id, c.category, c.hardware, c.status, c.title, where, c.not_recorded))
     rows.sort(key=lambda r: id_key(r.case_id))
     return Coverage(rows, list(judged), str(shared) if shared is not None else None)
 
@@ -270,7 +271,8 @@ def to_json(cov: Coverage) -> dict[str, Any]:
                      "seconds": round(j.seconds, 2)} for j in cov.judged],  # fmt: skip
         "shared": cov.shared,
         "cases": [{"id": r.case_id, "category": r.category, "hardware": r.hardware, "status": r.status,
-                   "title": r.title, **{k: r.where.get(k, []) for k in KINDS}} for r in cov.rows],  # fmt: skip
+                   "title": r.title, **{k: r.where.get(k, []) for k in KINDS}, "not_recorded": r.not_recorded}
+                  for r in cov.rows],  # fmt: skip
     }
 
 
@@ -296,6 +298,10 @@ def to_markdown(cov: Coverage) -> str:
     for r in cov.rows:
         lines.append(f"| {r.case_id} | {r.category} | {r.hardware} | {_md_escape(_cell(r.where['real']))} | "
                      f"{_md_escape(_cell(r.where['scenario']))} | {_md_escape(_cell(r.where['example']))} |")  # fmt: skip
+    why = [r for r in cov.rows if not r.fired_anywhere and r.not_recorded]
+    if why:
+        lines += ["", "Cases that fire nowhere yet, in their own words (`not_recorded` in the case file):", ""]
+        lines += [f"- **{r.case_id}**: {_md_escape(' '.join(r.not_recorded.split()))}" for r in why]
     return "\n".join(lines) + "\n"
 
 

@@ -175,6 +175,11 @@ class Case(BaseModel):
         description="cap for cases that name what bounds the step (an umbrella symptom) rather than a defect",
     )
     explanation: str = Field(description="jinja2 template over the bindings, e.g. {{ d.wait_us | ms }}")
+    not_recorded: str | None = Field(
+        default=None,
+        description="for a case no real trace or recorded scenario shows yet (`hermes kb coverage`): why, and what "
+        "a recording of it needs",
+    )
     references: list[str] = Field(min_length=1)
     examples: Examples
 
