@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import X, write_trace
+from test_analyzer_cpu import OP, RT, K  # the same hand-made event builders
 
 import hermes_kb
 from analyzers import compute as C
@@ -23,26 +25,10 @@ from analyzers import cpu as A
 from analyzers import io as IO
 from analyzers.breakdown import components
 from analyzers.steps import step_context
-from conftest import X, write_trace
 from hermes_kb.devices import lookup
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_ZOO = ROOT / "benchmarks/scenarios/recorded"
-
-
-def K(name, ts, dur, corr, stream=7):
-    return X("kernel", name, ts, dur, pid=0, tid=stream, args={"device": 0, "stream": stream, "correlation": corr})
-
-
-def RT(name, ts, dur, corr, ext=None):
-    args = {"correlation": corr}
-    if ext is not None:
-        args["External id"] = ext
-    return X("cuda_runtime", name, ts, dur, args=args)
-
-
-def OP(name, ts, dur, ext):
-    return X("cpu_op", name, ts, dur, args={"External id": ext})
 
 
 def ctx_of(tmp_path, events):

@@ -120,6 +120,25 @@ def gpt_training(scale: str, seed: int = 0):
     return model, opt, batches, train_step, cfg
 
 
+def classifier_step(model, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, cast=autocast) -> None:
+    """One training step of a classifier: forward under ``cast()``, FP32 cross-entropy, backward,
+    optimizer step (the loss is never read back)."""
+    opt.zero_grad(set_to_none=True)
+    with cast():
+        out = model(x)
+    F.cross_entropy(out.float(), y).backward()
+    opt.step()
+
+
+def gpt_run(scale: str, timed_steps: int):
+    """The shared GPT loop as a scenario Run (every step: next batch, train step)."""
+    from common import Run
+
+    _, _, batches, train_step, cfg = gpt_training(scale)
+    return Run(step=lambda i: train_step(*batches.next()), samples_per_step=cfg["batch"], device=DEV,
+               timed_steps=timed_steps)
+
+
 def gelu_tanh_by_hand(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
 

@@ -55,7 +55,6 @@ def resnet():
 
 def make_run(variant: str) -> Run:
     import torch
-    import torch.nn.functional as F
 
     torch.backends.cudnn.benchmark = variant == "fixed"
     torch.manual_seed(0)
@@ -66,12 +65,7 @@ def make_run(variant: str) -> Run:
              torch.randint(0, 100, (BATCH,), generator=gen).to(g.DEV)) for _ in range(4)]  # fmt: skip
 
     def step(i: int) -> None:
-        x, y = data[i % len(data)]
-        opt.zero_grad(set_to_none=True)
-        with g.autocast():
-            out = model(x)
-        F.cross_entropy(out.float(), y).backward()
-        opt.step()
+        g.classifier_step(model, opt, *data[i % len(data)])
 
     return Run(step=step, samples_per_step=BATCH, device=g.DEV, timed_steps=30)
 

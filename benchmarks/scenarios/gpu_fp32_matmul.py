@@ -53,12 +53,7 @@ def make_run(variant: str) -> Run:
     cast = g.autocast if variant == "fixed" else contextlib.nullcontext
 
     def step(i: int) -> None:
-        x, y = data[i % len(data)]
-        opt.zero_grad(set_to_none=True)
-        with cast():
-            out = model(x)
-        F.cross_entropy(out.float(), y).backward()
-        opt.step()
+        g.classifier_step(model, opt, *data[i % len(data)], cast=cast)
 
     return Run(step=step, samples_per_step=TOKENS, device=g.DEV, timed_steps=20)
 

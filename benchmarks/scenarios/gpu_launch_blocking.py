@@ -27,12 +27,7 @@ from common import Label, Run  # noqa: E402
 
 
 def make_run(variant: str) -> Run:
-    _, _, batches, train_step, cfg = g.gpt_training("balanced")
-
-    def step(i: int) -> None:
-        train_step(*batches.next())
-
-    return Run(step=step, samples_per_step=cfg["batch"], device=g.DEV, timed_steps=30)
+    return g.gpt_run("balanced", timed_steps=30)
 
 
 LABEL = Label(

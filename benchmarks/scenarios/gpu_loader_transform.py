@@ -73,7 +73,6 @@ class JpegFolder:
 
 def make_run(variant: str) -> Run:
     import torch
-    import torch.nn.functional as F
     from torch.utils.data import DataLoader
 
     d = common.scratch_dir("gpu_jpegs_", _write_jpegs)
@@ -94,11 +93,7 @@ def make_run(variant: str) -> Run:
             state.pop("wrapped", None)
             x, y = next(state["it"])
         x, y = x.to(g.DEV, non_blocking=fixed), y.to(g.DEV, non_blocking=fixed)
-        opt.zero_grad(set_to_none=True)
-        with g.autocast():
-            out = model(x.contiguous(memory_format=torch.channels_last))
-        F.cross_entropy(out.float(), y).backward()
-        opt.step()
+        g.classifier_step(model, opt, x.contiguous(memory_format=torch.channels_last), y)
 
     def teardown() -> None:
         state.clear()

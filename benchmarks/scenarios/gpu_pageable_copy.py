@@ -41,7 +41,6 @@ def convnet():
 
 def make_run(variant: str) -> Run:
     import torch
-    import torch.nn.functional as F
 
     torch.manual_seed(0)
     model = convnet().to(g.DEV, memory_format=torch.channels_last)
@@ -56,11 +55,7 @@ def make_run(variant: str) -> Run:
     def step(i: int) -> None:
         x, y = host[i % NBATCH]
         x, y = x.to(g.DEV, non_blocking=pinned), y.to(g.DEV, non_blocking=pinned)
-        opt.zero_grad(set_to_none=True)
-        with g.autocast():
-            out = model(x.contiguous(memory_format=torch.channels_last))
-        F.cross_entropy(out.float(), y).backward()
-        opt.step()
+        g.classifier_step(model, opt, x.contiguous(memory_format=torch.channels_last), y)
 
     return Run(step=step, samples_per_step=BATCH, device=g.DEV, timed_steps=30)
 

@@ -28,7 +28,6 @@ TOKENS, D, HIDDEN, BLOCKS = g.size(16384, 128), g.size(1024, 64), g.size(2048, 1
 
 def make_run(variant: str) -> Run:
     import torch
-    import torch.nn.functional as F
     from torch import nn
 
     torch.manual_seed(0)
@@ -50,12 +49,7 @@ def make_run(variant: str) -> Run:
             for _ in range(4)]  # fmt: skip
 
     def step(i: int) -> None:
-        x, y = data[i % len(data)]
-        opt.zero_grad(set_to_none=True)
-        with g.autocast():
-            out = fwd(x)
-        F.cross_entropy(out.float(), y).backward()
-        opt.step()
+        g.classifier_step(fwd, opt, *data[i % len(data)])
 
     return Run(step=step, samples_per_step=TOKENS, device=g.DEV, timed_steps=30)
 
