@@ -779,11 +779,11 @@ def _h2d(ctx: RankContext) -> list[Fact]:
         waited = float(lengths(ws, we, iv.subtract(held, kernels) if len(kernels[0]) else held).sum())
         window = float((we - ws).sum())
         if k == "pageable":
-            rows = idx[(kind == "pageable")]
+            rows = idx[kind == "pageable"]
+            own = np.isin(mi, rows)  # the calls that issued them
             register(ctx, WhatIfSet.of_intervals(
                 "h2d_pageable", "host-to-device copies from pageable memory, and the calls that issued them",
-                tr.runtime["tid"].to_numpy()[ri][np.isin(mi, rows)], call_s[mi][np.isin(mi, rows)],
-                call_e[mi][np.isin(mi, rows)], memcpy=rows))  # fmt: skip
+                tr.runtime["tid"].to_numpy()[ri[own]], call_s[mi[own]], call_e[mi[own]], memcpy=rows))  # fmt: skip
         b = int(g["bytes"].clip(lower=0).sum())
         dev = float(g["dur"].sum())
         longest = g.nlargest(3, "dur")

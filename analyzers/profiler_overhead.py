@@ -30,6 +30,55 @@ QUANTILE = 25  # percent: the step time compared between profiled and unprofiled
 OVERLAP = 0.5  # a monitor step is profiled when half of it lies inside the capture's step windows
 
 
+HOST_AHEAD = 1.1  # a step whose device time exceeds its wall time by this: the host ran ahead
+MIN_PACE_STEPS = 3
+
+
+def device_times(log: RankLog) -> np.ndarray:
+    """Each monitor step's device time (s; NaN where the monitor read none back)."""
+    return np.array([log.device_s.get(int(s), np.nan) for s in log.step], dtype=np.float64)
+
+
+def _host_pace(wall: np.ndarray, dev: np.ndarray) -> float | None:
+    """The host's own time per step among these monitor steps: where the device lagged behind
+    (its time over HOST_AHEAD x the wall time: the launch queue was not full and the host never
+    waited), the wall time is the host's pace (median); else the host set the pace itself, or the
+    device hid it, and the lower quartile of max(wall, device) is an upper bound of it."""
+    ahead = np.isfinite(dev) & (dev > HOST_AHEAD * wall)
+    if ahead.sum() >= MIN_PACE_STEPS:
+        return float(np.median(wall[ahead]))
+    eff = np.fmax(wall, np.where(np.isfinite(dev), dev, wall))
+    return float(np.percentile(eff, QUANTILE)) if len(eff) >= MIN_PACE_STEPS else None
+
+
+def profiler_host_scale(log: RankLog, trace) -> float | None:
+    """How much of the host's time in the captured steps the profiler added, from the monitor's
+    records: the host's pace (``_host_pace``) in the steps outside the capture over its pace in the
+    steps inside it (the profiler drains the device when it starts, so a host faster than its
+    device runs ahead there and shows its own pace). 1 or more: the profiler added nothing
+    measurable. None when the clocks do not meet or too few steps remain."""
+    wall = np.asarray(log.wall_s, dtype=np.float64)
+    end = np.asarray(log.end_s, dtype=np.float64)
+    marks = trace.steps
+    if len(wall) < WARMUP + 2 * MIN_PACE_STEPS or len(end) != len(wall) or not len(marks) \
+            or not trace.meta.base_time_ns:  # fmt: skip
+        return None
+    dev = device_times(log)
+    lo = (trace.meta.origin_us + float(marks["ts"].min())) / 1e6
+    hi = (trace.meta.origin_us + float(marks["end"].max())) / 1e6
+    inside = (end >= lo) & (end - wall <= hi)
+    if not inside.any():
+        return None
+    first = int(np.flatnonzero(inside)[0])
+    inside[first] = False  # the profiler's start drained the device inside it
+    after = int(np.flatnonzero(inside)[-1]) + 1 if inside.any() else first + 1
+    keep = ~inside & np.isfinite(end)
+    keep[first:after + 2] = False  # the capture's start, export and drain
+    keep[:WARMUP] = False
+    p, u = _host_pace(wall[inside], dev[inside]), _host_pace(wall[keep], dev[keep])
+    return u / p if p and u and p > 0 else None
+
+
 def overhead_of(rank: int, log: RankLog, windows_abs_us: list[tuple[float, float]],
                 captured: tuple[int, int] | None = None) -> ProfilerOverhead | None:  # fmt: skip
     """The fact for one rank, or None when no step is found profiled or too few unprofiled steps
@@ -41,8 +90,7 @@ def overhead_of(rank: int, log: RankLog, windows_abs_us: list[tuple[float, float
     steps = np.asarray(log.step)
     # a step lasts the longer of the host's wall time and the device's (CUDA events at the step
     # boundaries): a host running ahead of a device-bound GPU ends its steps early
-    dev = np.array([log.device_s.get(int(s), np.nan) for s in steps], dtype=np.float64)
-    wall = np.fmax(np.asarray(log.wall_s, dtype=np.float64), dev) * 1e6
+    wall = np.fmax(np.asarray(log.wall_s, dtype=np.float64), device_times(log)) * 1e6
     end = np.asarray(log.end_s, dtype=np.float64) * 1e6 if len(log.end_s) == len(wall) else np.full(len(wall), np.nan)
     covered = np.zeros(len(wall))
     for a, b in windows_abs_us:

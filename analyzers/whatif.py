@@ -369,7 +369,7 @@ def deflate_profiler(m: SimModel, host_scale: float | None) -> float:
     tens of microseconds to every operator and Python call, so a GPU job whose device sets the pace
     can look host-bound in its own profile, and a fix that shortens kernels then seems to gain
     nothing. ``host_scale`` is the host's own time per step unprofiled over profiled, as the
-    monitor measured it (``run_advice.profiler_host_scale``); every host node's own work is scaled
+    monitor measured it (``profiler_overhead.profiler_host_scale``); every host node's own work is scaled
     by it (at least MIN_HOST_SCALE) and the model is rebased on the replayed schedule, so every
     what-if starts from the run as it ran unprofiled. Returns the scale applied (1.0: none)."""
     if not host_scale or host_scale >= PROFILED_SLACK or not m.anchors:

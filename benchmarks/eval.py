@@ -736,8 +736,8 @@ def render_gpu(outcomes: list[Outcome], summary: dict, unscored: list) -> list[s
                 e = f[0]["expected_speedup"]
                 return f"{f[0]['case_id']} {f[0]['severity']} {e['low']:.2f}-{e['high']:.2f}x"
             sp = label.get("speedup_of_fix")
-            lines.append(f"| {d.name} | {sp:.2f}x | {label.get('not_scored', '')} | {first('bad')} | {first('fixed')} |"
-                         if sp else f"| {d.name} | - | {label.get('not_scored', '')} | {first('bad')} | {first('fixed')} |")
+            lines.append(f"| {d.name} | {f'{sp:.2f}x' if sp else '-'} | {label.get('not_scored', '')} | {first('bad')} "
+                         f"| {first('fixed')} |")
     return lines
 
 

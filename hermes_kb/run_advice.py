@@ -81,8 +81,10 @@ def analyze_run_dir(run_dir: str | os.PathLike, *, max_workers: int | None = Non
 
 def merge_monitor_env(bundle: TraceBundle, run: RunLog) -> None:
     """Add the variables the monitor recorded for a rank to that rank's trace environment, where
-    the trace did not record them (the trace's own values win), and the host CPU and torch
-    threads it recorded."""
+    the trace did not record them (the trace's own values win), the host CPU and torch threads
+    it recorded, and what the profiler added to the host's time (profiler_overhead.profiler_host_scale)."""
+    from .analyzers.profiler_overhead import profiler_host_scale
+
     for rank, trace in bundle.ranks.items():
         log = run.ranks.get(rank)
         rec = (log.environment if log is not None else None) or {}
@@ -96,56 +98,6 @@ def merge_monitor_env(bundle: TraceBundle, run: RunLog) -> None:
             trace.meta.torch_threads = rec["torch_threads"]
         if log is not None:
             trace.meta.profiler_host_scale = profiler_host_scale(log, trace)
-
-
-UNPROFILED_WARMUP = 2  # the monitor's first steps (compilation, allocator warm-up) are left out
-HOST_AHEAD = 1.1  # a step whose device time exceeds its wall time by this: the host ran ahead
-MIN_PACE_STEPS = 3
-
-
-def _host_pace(wall, dev) -> float | None:
-    """The host's own time per step among these monitor steps: where the device lagged behind
-    (its time over HOST_AHEAD x the wall time: the launch queue was not full and the host never
-    waited), the wall time is the host's pace (median); else the host set the pace itself, or the
-    device hid it, and the lower quartile of max(wall, device) is an upper bound of it."""
-    import numpy as np
-
-    ahead = np.isfinite(dev) & (dev > HOST_AHEAD * wall)
-    if ahead.sum() >= MIN_PACE_STEPS:
-        return float(np.median(wall[ahead]))
-    eff = np.fmax(wall, np.where(np.isfinite(dev), dev, wall))
-    return float(np.percentile(eff, 25)) if len(eff) >= MIN_PACE_STEPS else None
-
-
-def profiler_host_scale(log, trace) -> float | None:
-    """How much of the host's time in the captured steps the profiler added, from the monitor's
-    records: the host's pace (``_host_pace``) in the steps outside the capture over its pace in the
-    steps inside it (the profiler drains the device when it starts, so a host faster than its
-    device runs ahead there and shows its own pace). 1 or more: the profiler added nothing
-    measurable. None when the clocks do not meet or too few steps remain."""
-    import numpy as np
-
-    wall = np.asarray(log.wall_s, dtype=np.float64)
-    end = np.asarray(log.end_s, dtype=np.float64)
-    steps = np.asarray(log.step)
-    marks = trace.steps
-    if len(wall) < UNPROFILED_WARMUP + 2 * MIN_PACE_STEPS or len(end) != len(wall) or not len(marks) \
-            or not trace.meta.base_time_ns:  # fmt: skip
-        return None
-    dev = np.array([log.device_s.get(int(s), np.nan) for s in steps], dtype=np.float64)
-    lo = (trace.meta.origin_us + float(marks["ts"].min())) / 1e6
-    hi = (trace.meta.origin_us + float(marks["end"].max())) / 1e6
-    inside = (end >= lo) & (end - wall <= hi)
-    if not inside.any():
-        return None
-    first = int(np.flatnonzero(inside)[0])
-    inside[first] = False  # the profiler's start drained the device inside it
-    after = int(np.flatnonzero(inside)[-1]) + 1 if inside.any() else first + 1
-    keep = ~inside & np.isfinite(end)
-    keep[first:after + 2] = False  # the capture's start, export and drain
-    keep[:UNPROFILED_WARMUP] = False
-    p, u = _host_pace(wall[inside], dev[inside]), _host_pace(wall[keep], dev[keep])
-    return u / p if p and u and p > 0 else None
 
 
 def advise_run_dir(run_dir: str | os.PathLike, *, config=None, engine="auto", top: int | None = None,

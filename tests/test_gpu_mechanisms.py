@@ -195,7 +195,7 @@ def test_the_replay_takes_the_profilers_cost_off_the_host(tmp_path):
 
 
 def test_host_pace_from_the_steps_where_the_device_lagged():
-    from hermes_kb.run_advice import _host_pace
+    from analyzers.profiler_overhead import _host_pace
 
     # the device took 15 ms a step; in 4 of the steps the host ran ahead at 12 ms: its own pace
     wall = np.array([12.0, 12.5, 11.5, 12.0, 15.0, 15.0])

@@ -34,6 +34,8 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -274,9 +276,6 @@ def _child(script: str, variant: str, out: Path, env: dict[str, str]) -> list[li
     """Record one variant, then time its ``ROUNDS`` rounds, in a fresh process with ``env`` added
     (settings read once at start, such as CUDA_LAUNCH_BLOCKING); the child prints the rounds'
     step times as JSON. Its rounds are not interleaved with the other variant's."""
-    import subprocess
-    import sys
-
     cmd = [sys.executable, script, "--child", variant, "--out", str(out.parent)]
     r = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
@@ -286,8 +285,6 @@ def _child(script: str, variant: str, out: Path, env: dict[str, str]) -> list[li
 
 def device_info() -> dict:
     """GPU, driver, CUDA and cuDNN of this machine (empty without a GPU): recorded in label.json."""
-    import subprocess
-
     import torch
 
     if not torch.cuda.is_available():
@@ -327,7 +324,7 @@ def main(name: str, make_run: Callable[[str], Run], label: Label, variants=("bad
         print(json.dumps([_time(make_run(args.child)) for _ in range(ROUNDS)]))
         raise SystemExit(0)
     variant_env = variant_env or {}
-    script = os.path.abspath(__import__("sys").argv[0])
+    script = os.path.abspath(sys.argv[0])
 
     child_rounds: dict[str, list[list[float]]] = {}
 
