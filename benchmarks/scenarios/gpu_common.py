@@ -38,10 +38,15 @@ def adamw(params, **kw) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=3e-4, fused=True, **kw)
 
 
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal self-attention through SDPA with ``is_causal=True`` (FlashAttention on the GPU)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 class Block(nn.Module):
-    def __init__(self, d: int, heads: int):
+    def __init__(self, d: int, heads: int, attend=causal_attention):
         super().__init__()
-        self.heads = heads
+        self.heads, self.attend = heads, attend
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
         self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
@@ -50,16 +55,16 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        a = self.attend(q, k, v)
         x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
         return x + self.out(self.act(self.fc(self.ln2(x))))
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab: int, d: int, layers: int, heads: int, ctx: int):
+    def __init__(self, vocab: int, d: int, layers: int, heads: int, ctx: int, attend=causal_attention):
         super().__init__()
         self.emb, self.pos = nn.Embedding(vocab, d), nn.Embedding(ctx, d)
-        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(d, heads, attend) for _ in range(layers))
         self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
@@ -99,12 +104,16 @@ def gpt_config(scale: str) -> dict:
     return {"vocab": 8192, "d": 768, "layers": 6, "heads": 12, "ctx": 512, "batch": 8}
 
 
-def gpt_training(scale: str, seed: int = 0):
-    """(model, optimizer, batches, train_step) of the shared healthy GPT loop; ``train_step(x, y)``
-    returns the loss tensor without reading it."""
+def gpt_training(scale: str, seed: int = 0, attend=causal_attention, vocab: int | None = None, logits_fn=None):
+    """(model, optimizer, batches, train_step, cfg) of the shared healthy GPT loop; ``train_step(x,
+    y)`` returns the loss tensor without reading it. ``attend`` replaces the attention call,
+    ``vocab`` the vocabulary size, ``logits_fn`` what is done to the FP32 logits before the loss
+    (the scenarios that inject a problem there)."""
     cfg = gpt_config(scale)
+    if vocab and not SMOKE:
+        cfg["vocab"] = vocab
     torch.manual_seed(seed)
-    model = GPT(cfg["vocab"], cfg["d"], cfg["layers"], cfg["heads"], cfg["ctx"]).to(DEV)
+    model = GPT(cfg["vocab"], cfg["d"], cfg["layers"], cfg["heads"], cfg["ctx"], attend).to(DEV)
     opt = adamw(model.parameters())
     batches = TokenBatches(cfg["batch"], cfg["ctx"], cfg["vocab"])
 
@@ -112,7 +121,8 @@ def gpt_training(scale: str, seed: int = 0):
         opt.zero_grad(set_to_none=True)
         with autocast():
             logits = model(x)
-        loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
+        logits = logits.float() if logits_fn is None else logits_fn(logits.float())
+        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), y.reshape(-1))
         loss.backward()
         opt.step()
         return loss.detach()

@@ -16,8 +16,9 @@ LOG=${OUTDIR:+$OUTDIR/record.log}
 LOG=${LOG:-/tmp/record_gpu.log}
 # name:limit_s (expected cost, slowest last)
 ALL="gpu_healthy_control:60 gpu_launch_bound:60 gpu_fp32_matmul:60 gpu_item_sync:60 gpu_explicit_sync:60
-gpu_pageable_copy:60 gpu_launch_blocking:70 gpu_loader_transform:80 gpu_allocator_churn:70
-gpu_cudnn_benchmark:60 gpu_unfused_elementwise:150"
+gpu_pageable_copy:60 gpu_launch_blocking:70 gpu_loader_transform:80 gpu_allocator_churn:90
+gpu_sdpa_mask:60 gpu_sdpa_math:60 gpu_embedding_dense:60 gpu_optimizer_foreach:60 gpu_conv_nchw:60
+gpu_cudnn_multiscale:80 gpu_fp64_logits:70 gpu_cudnn_benchmark:60 gpu_unfused_elementwise:150"
 WANT="$*"
 $PY -c 'import torch,sys; sys.exit(0 if torch.cuda.is_available() else "no CUDA GPU: the GPU zoo is recorded on a GPU only")' || exit 2
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; $PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())'; nproc; } 2>&1 | tee -a "$LOG"
