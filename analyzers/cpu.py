@@ -94,6 +94,8 @@ AUTOTUNE_RE = re.compile(
     r"cudnnFind|miopenFind|FindConvolution|cudnnGet\w*Algorithm|[Aa]utotun|TunableOp|tunableop"
     r"|select_algorithm\.py|benchmark_choice|do_bench"
 )
+# convolution operators whose algorithm cuDNN / MIOpen may search for (benchmark mode, Find)
+CONV_OP_RE = re.compile(r"^aten::(cudnn_convolution\w*|miopen_\w*convolution\w*|convolution_backward|_convolution)$")
 REGION_ID_RE = re.compile(r"Torch-Compiled Region: (\d+)/(\d+)")
 # an explicit gc.collect() (the built-in frame the Python tracer records)
 GC_COLLECT_RE = re.compile(r"^<built-in (method|function) collect( of module object at 0x[0-9a-f]+)?>$")
@@ -610,6 +612,64 @@ def _matches(
     return np.concatenate(s), np.concatenate(e), names
 
 
+def _conv_searches(ctx: RankContext) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """(ts, end, tid, names) of convolution operators that synchronise the device inside themselves:
+    cuDNN's benchmark mode (and MIOpen's Find) times candidate algorithms for a shape it has not
+    seen, with event or device synchronisations between the trials; a convolution that only
+    launches its kernel never waits. The cuDNN API itself is not traced, so this is its mark."""
+    tr = ctx.trace
+    ops, rt = tr.cpu_ops, tr.runtime
+    none = np.zeros(0), np.zeros(0), np.zeros(0, np.int64), []
+    if not len(ops) or not len(rt) or "kind" not in rt.columns:
+        return none
+    conv = np.flatnonzero(name_mask(ops["name"], CONV_OP_RE))
+    syncs = np.flatnonzero((rt["kind"] == "sync").to_numpy())
+    if not len(conv) or not len(syncs):
+        return none
+    inner = _enclosing_op(ops, rt["tid"].to_numpy()[syncs], rt["ts"].to_numpy()[syncs], rt["end"].to_numpy()[syncs])
+    parent = ops["parent"].to_numpy()
+    is_conv = np.zeros(len(ops), bool)
+    is_conv[conv] = True
+    hit = np.zeros(len(ops), bool)
+    cur = inner.copy()
+    for _ in range(int(ops["depth"].max()) + 2):  # the sync may sit under a callee of the conv op
+        ok = cur >= 0
+        if not ok.any():
+            break
+        hit[cur[ok & is_conv[np.clip(cur, 0, None)]]] = True
+        cur = np.where(ok, parent[np.clip(cur, 0, None)], -1)
+    rows = np.flatnonzero(hit)
+    # the outermost such conv op only (a cudnn_convolution under _convolution counts once)
+    rows = rows[~np.isin(parent[rows], rows)]
+    if not len(rows):
+        return none
+    names = [str(n) for n in ops["name"].iloc[rows].value_counts().head(3).index]
+    return ops["ts"].to_numpy()[rows], ops["end"].to_numpy()[rows], ops["tid"].to_numpy()[rows].astype(np.int64), names
+
+
+def _search_set(ctx: RankContext, s: np.ndarray, e: np.ndarray, tid: np.ndarray) -> WhatIfSet:
+    """What an algorithm search costs, for the replay: the host time of the searching operators,
+    the trial kernels they launch and the waits on them (a cached algorithm launches one kernel
+    and waits for nothing; the fraction of the case leaves room for that kernel)."""
+    tr = ctx.trace
+    rt, kn = tr.runtime, tr.kernels
+    kernels = np.zeros(0, np.int64)
+    if len(rt) and len(kn) and "correlation" in rt.columns and "correlation" in kn.columns:
+        rts, rtid = rt["ts"].to_numpy(), rt["tid"].to_numpy()
+        inside = np.zeros(len(rt), bool)
+        for t in np.unique(tid):
+            m = tid == t
+            u = iv.union(s[m], e[m])
+            sel = np.flatnonzero(rtid == t)
+            j = np.searchsorted(u[0], rts[sel], side="right") - 1
+            ok = j >= 0
+            inside[sel[ok]] = rts[sel[ok]] < u[1][j[ok]]
+        corr = rt["correlation"].to_numpy(np.int64)[inside]
+        kernels = np.flatnonzero(np.isin(kn["correlation"].to_numpy(np.int64), corr[corr > 0]))
+    return WhatIfSet("compile", "", tid.astype(np.int64), s.astype(float), e.astype(float), kernels=kernels,
+                     drop_waits=True)
+
+
 def _compilation(ctx: RankContext, device: iv.Intervals | None = None) -> list[Fact]:
     tr = ctx.trace
     pre = {}
@@ -617,10 +677,14 @@ def _compilation(ctx: RankContext, device: iv.Intervals | None = None) -> list[F
         fr = getattr(tr, f)
         m = name_mask(fr["name"], ANY_COMPILE_RE) if len(fr) else np.zeros(0, bool)
         pre[f] = np.flatnonzero(m) if m.any() else None
-    if all(v is None for v in pre.values()):
+    v_s, v_e, v_tid, v_names = _conv_searches(ctx)
+    if all(v is None for v in pre.values()) and not len(v_s):
         return []
     c_s, c_e, c_names = _matches(ctx, COMPILE_RE, pre=pre)
     a_s, a_e, a_names = _matches(ctx, AUTOTUNE_RE, pre=pre)
+    if len(v_s):
+        a_s, a_e = np.concatenate([a_s, v_s]), np.concatenate([a_e, v_e])
+        a_names = a_names + [f"{n} (synchronises inside: algorithm search)" for n in v_names]
     r_s, r_e, r_names = _matches(ctx, REGION_RE, ("cpu_ops", "annotations"), pre=pre)
     l_s, l_e, l_names = _matches(ctx, LOOKUP_RE, ("cpu_ops", "annotations"), pre=pre)
     if not (len(c_s) or len(a_s) or len(r_s) or len(l_s)):
@@ -632,6 +696,8 @@ def _compilation(ctx: RankContext, device: iv.Intervals | None = None) -> list[F
     tid = main_tid(tr)
     if tid is not None and len(CA[0]):
         register(ctx, WhatIfSet.of_intervals("compile", "compilation and autotuning on the host", tid, CA[0], CA[1]))
+    if len(v_s):  # on their own threads (backward convolutions run on the autograd engine's)
+        register(ctx, _search_set(ctx, v_s, v_e, v_tid))
     cu, au, ru, cau = (iv.overlap_length(ws, we, x) for x in (C, A, R, CA))
 
     def blocks(x: iv.Intervals) -> np.ndarray:

@@ -971,6 +971,41 @@ def attention_backend(name: str) -> str:
     return "other"
 
 
+_SDPA_OP = "aten::scaled_dot_product_attention"
+
+
+def _sdpa_masks(ctx: RankContext) -> tuple[int, int, int]:
+    """(SDPA calls, calls given an attention-mask tensor, those of them with is_causal False) in the
+    analysed steps, from the calls' recorded shapes: the mask is the 4th argument of
+    ``aten::scaled_dot_product_attention`` and ``is_causal`` its 6th (a concrete input)."""
+    ops = ctx.trace.cpu_ops
+    if not len(ops) or "input_dims" not in ops.columns:
+        return 0, 0, 0
+    names_v, ncodes = _cat_apply(ops["name"], str)
+    sd = (names_v == _SDPA_OP)[ncodes] & _in_windows(ctx, ops["ts"].to_numpy())
+    if not sd.any():
+        return 0, 0, 0
+    dims_v, dcodes = _cat_apply(ops["input_dims"], str)
+    conc = "concrete_inputs" in ops.columns and isinstance(ops["concrete_inputs"].dtype, pd.CategoricalDtype)
+    conc_v, ccodes = _cat_apply(ops["concrete_inputs"], str) if conc else (np.array([""], dtype=object), np.zeros(len(ops), np.int64))
+    masked = not_causal = 0
+    pairs, counts = np.unique(np.stack([dcodes[sd], ccodes[sd]]), axis=1, return_counts=True)
+    for (dc, cc), n in zip(pairs.T, counts, strict=True):
+        try:
+            dims = json.loads(dims_v[dc])
+        except (TypeError, ValueError):
+            continue
+        if isinstance(dims, list) and len(dims) > 3 and isinstance(dims[3], list) and len(dims[3]) >= 2:
+            masked += int(n)
+            try:
+                flags = json.loads(conc_v[cc]) if conc_v[cc] else []
+            except (TypeError, ValueError):
+                flags = []
+            if len(flags) > 5 and str(flags[5]) == "False":
+                not_causal += int(n)
+    return int(sd.sum()), masked, not_causal
+
+
 def _attention(ctx: RankContext, act: _Acts, k: _Acts) -> list[Fact]:
     m = k.cls == _CLS_INDEX["attention"]
     if not m.any():
@@ -998,10 +1033,13 @@ def _attention(ctx: RankContext, act: _Acts, k: _Acts) -> list[Fact]:
     if props and int(props[0].get("warpSize") or 0) == 32 and "computeMajor" in props[0]:
         cc = float(f"{int(props[0]['computeMajor'])}.{int(props[0].get('computeMinor') or 0)}")
     total = float(act.dur.sum())
+    calls, masked, not_causal = _sdpa_masks(ctx)
     return [AttentionBackends(
         rank=ctx.rank, attention_time_us=t, share_of_device_time_ratio=_ratio(t / total) if total else 0.0,
         flash_us=parts["flash"], efficient_us=parts["efficient"], cudnn_us=parts["cudnn"], other_us=parts["other"],
         efficient_share_ratio=_ratio(parts["efficient"] / t) if t else 0.0, sdpa_dtype=sdpa_dt, compute_capability=cc,
+        sdpa_calls_count=calls, masked_calls_count=masked, masked_share_ratio=_ratio(masked / calls) if calls else 0.0,
+        masked_us=t * (masked / calls) if calls else 0.0, masked_not_causal_count=not_causal,
         evidence=Evidence(time_ranges_us=[ctx.span],
                           events=[short_kernel_name(str(k.names[i])) for i in uid][:4],
                           counts={"attention_kernels": int(m.sum())},
@@ -1244,11 +1282,19 @@ def _sdpa_math(ctx: RankContext, act: _Acts, k: _Acts, launcher: np.ndarray | No
     if not (is_math & win).any():
         return []
     under = _down(ops["parent"].to_numpy(), ops["depth"].to_numpy(), is_math)
+    # the backward of the math path: autograd nodes carry their forward operator's sequence number
+    bwd = np.zeros(len(ops), dtype=bool)
+    if "seq" in ops.columns:
+        seq = ops["seq"].to_numpy()
+        fseq = np.unique(seq[under & win & (seq >= 0)])
+        bnames = np.array([("Backward" in n) for n in names_v], dtype=bool)[ncodes]
+        bwd = ~under & bnames & np.isin(seq, fseq) & (seq >= 0)
+        bwd = _down(ops["parent"].to_numpy(), ops["depth"].to_numpy(), bwd) if bwd.any() else bwd
     ok = launcher >= 0
-    km = ok & under[np.clip(launcher, 0, None)] & (k.cls != _COMM)
+    km = ok & (under | bwd)[np.clip(launcher, 0, None)] & (k.cls != _COMM)
     if not km.any():
         return []
-    _register(ctx, "sdpa_math", "kernels of scaled_dot_product_attention's math path", k, km)
+    _register(ctx, "sdpa_math", "kernels of scaled_dot_product_attention's math path (forward and backward)", k, km)
     t = float(k.dur[km].sum())
     total = float(act.dur.sum())
     # the math call with the most device time: its q dtype and shape
@@ -1258,8 +1304,11 @@ def _sdpa_math(ctx: RankContext, act: _Acts, k: _Acts, launcher: np.ndarray | No
         p = ops["parent"].to_numpy()[rows]
         okp = p >= 0
         root[rows[okp]] = root[p[okp]]
-    call = root[launcher[km]]
-    best = int(pd.Series(k.dur[km]).groupby(call).sum().idxmax())
+    fk = km & under[np.clip(launcher, 0, None)]  # forward kernels: their call names the shape
+    if not fk.any():
+        fk = km
+    call = root[launcher[fk]]
+    best = int(pd.Series(k.dur[fk]).groupby(call).sum().idxmax())
     dtype, head, shape = "unknown", None, ""
     if "input_dims" in ops.columns and "input_types" in ops.columns:
         try:
@@ -1281,7 +1330,8 @@ def _sdpa_math(ctx: RankContext, act: _Acts, k: _Acts, launcher: np.ndarray | No
         evidence=Evidence(time_ranges_us=[(float(ops["ts"].iloc[best]), float(ops["end"].iloc[best]))],
                           events=["aten::_scaled_dot_product_attention_math"],
                           counts={"math_calls": int((is_math & win).sum()), "kernels": int(km.sum())},
-                          note="kernels launched under aten::_scaled_dot_product_attention_math"),
+                          note="kernels launched under aten::_scaled_dot_product_attention_math, and under the "
+                               "autograd nodes of its operators in backward (same sequence numbers)"),
     )]  # fmt: skip
 
 

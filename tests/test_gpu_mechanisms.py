@@ -6,7 +6,9 @@ hand-made trace with the expected numbers worked out in the comments, then on th
 - FP32 xmma kernels with ``_ffma_`` run on the CUDA cores, and what tensor cores remove follows
   the device's peaks;
 - a host synchronisation after the last step's annotation (the profiler's stop) is no step's;
-- the replay takes the profiler's cost off the host where the monitor measured the run unprofiled.
+- the replay takes the profiler's cost off the host where the monitor measured the run unprofiled;
+- (second lease) a convolution that synchronises inside itself is cuDNN's algorithm search, and
+  SDPA calls given a mask tensor are counted from their recorded arguments.
 """
 
 from __future__ import annotations
@@ -251,3 +253,94 @@ def test_gpu_zoo_fp32_gain_covers_the_measured_speedup():
     measured = json.loads((d / "label.json").read_text())["speedup_of_fix"]
     (f,) = [f for f in hermes_kb.advise(d / "bad").findings if f.case_id == "C-COMP-001"]
     assert f.expected_speedup.low <= measured <= f.expected_speedup.high * 1.1
+
+
+# ---------------------------------------------------------------- second GPU lease (2026-11-28)
+
+
+def _convs(search: bool) -> list[dict]:
+    """One step [0, 10000): two aten::cudnn_convolution calls of 3000 µs at 1000 and 5000, each
+    launching a kernel. Searching, cuDNN's benchmark mode times candidates: a cudaDeviceSynchronize
+    (400 µs) inside each call. A cached algorithm launches its kernel and waits for nothing."""
+    ev = [X("user_annotation", "ProfilerStep#1", 0, 10000)]
+    for i, t0 in enumerate((1000, 5000)):
+        ev += [OP("aten::cudnn_convolution", t0, 3000, 20 + i), RT("cudaLaunchKernel", t0 + 100, 10, 200 + i, 20 + i),
+               K("sm90_xmma_fprop_implicit_gemm_bf16", t0 + 150, 300, 200 + i)]  # fmt: skip
+        if search:
+            ev.append(RT("cudaDeviceSynchronize", t0 + 500, 400, 300 + i, 20 + i))
+    return ev
+
+
+def test_a_convolution_that_synchronises_inside_is_an_algorithm_search(tmp_path):
+    comp = [f for f in A.per_rank(ctx_of(tmp_path, _convs(True))) if f.kind == "compilation" and f.step is None]
+    # both calls search: 2 x 3000 µs of the 10000 µs step
+    assert len(comp) == 1 and comp[0].autotune_us == pytest.approx(6000.0) and comp[0].autotune_count == 2
+    assert comp[0].compile_ratio == pytest.approx(0.6)
+    (tmp_path / "b").mkdir()
+    assert not [f for f in A.per_rank(ctx_of(tmp_path / "b", _convs(False))) if f.kind == "compilation"]
+
+
+def _sdpa(mask: bool) -> list[dict]:
+    """Two SDPA calls, each launching one 1000 µs cuDNN attention kernel; with ``mask`` the calls
+    pass a [1024, 1024] bool mask (4th argument) and is_causal=False, else no mask and True."""
+    ev = [X("user_annotation", "ProfilerStep#1", 0, 5000)]
+    for i, t0 in enumerate((500, 2500)):
+        args = {"External id": 40 + i,
+                "Input Dims": [[16, 16, 1024, 64]] * 3 + [[1024, 1024] if mask else [], [], [], [], []],
+                "Input type": ["c10::BFloat16"] * 3 + ["bool" if mask else "", "Scalar", "Scalar", "", "Scalar"],
+                "Concrete Inputs": ["", "", "", "", "0.", "False" if mask else "True", "", "False"]}  # fmt: skip
+        ev += [X("cpu_op", "aten::scaled_dot_product_attention", t0, 1200, args=args),
+               RT("cudaLaunchKernel", t0 + 50, 10, 400 + i, 40 + i),
+               K("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7", t0 + 100, 1000, 400 + i)]  # fmt: skip
+    return ev
+
+
+def _attention_fact(path: Path, events: list[dict]):
+    (f,) = [f for f in hermes_kb.analyze(write_trace(path, events)) if f.kind == "attention_backends" and f.step is None]
+    return f
+
+
+def test_sdpa_calls_given_a_mask_tensor_are_counted(tmp_path):
+    a = _attention_fact(tmp_path / "masked.json", _sdpa(True))
+    # both calls masked, is_causal False: all 2000 µs of cuDNN attention belong to masked calls
+    assert (a.sdpa_calls_count, a.masked_calls_count, a.masked_not_causal_count) == (2, 2, 2)
+    assert a.cudnn_us == pytest.approx(2000.0) and a.masked_us == pytest.approx(2000.0)
+    b = _attention_fact(tmp_path / "causal.json", _sdpa(False))
+    assert b.masked_calls_count == 0 and b.masked_us == 0.0
+
+
+def _raw(run: str) -> list[dict]:
+    import gzip
+
+    return json.load(gzip.open(GPU_ZOO / run / "rank0.capture-profile.json.gz"))["traceEvents"]
+
+
+@pytest.mark.parametrize("scenario,expected", [
+    ("gpu_sdpa_mask", "C-COMP-045"), ("gpu_cudnn_multiscale", "C-CPU-015"), ("gpu_optimizer_foreach", "C-COMP-025"),
+    ("gpu_fp64_logits", "C-COMP-028"),
+])  # fmt: skip
+def test_gpu_zoo_second_lease_first_finding(scenario, expected):
+    assert _first(f"{scenario}/bad") == expected
+
+
+def test_gpu_zoo_masked_sdpa_calls_match_the_raw_trace():
+    if not (GPU_ZOO / "gpu_sdpa_mask").is_dir():
+        pytest.skip("not recorded")
+    for variant, masked in (("bad", True), ("fixed", False)):
+        ev = _raw(f"gpu_sdpa_mask/{variant}")
+        calls = [e for e in ev if e.get("name") == "aten::scaled_dot_product_attention"]
+        with_mask = sum(1 for e in calls if e["args"]["Input Dims"][3])
+        assert with_mask == (len(calls) if masked else 0)
+        facts = hermes_kb.analyze(GPU_ZOO / "gpu_sdpa_mask" / variant)
+        (a,) = [f for f in facts if f.kind == "attention_backends" and f.step is None]
+        assert a.masked_calls_count == with_mask and a.sdpa_calls_count == len(calls)
+
+
+def test_gpu_zoo_cudnn_search_is_autotuning_and_not_eager_dispatch():
+    d = GPU_ZOO / "gpu_cudnn_multiscale"
+    if not d.is_dir():
+        pytest.skip("not recorded")
+    ids = [f.case_id for f in hermes_kb.advise(d / "bad").findings]
+    assert ids[0] == "C-CPU-015" and "C-CPU-002" not in ids
+    # the fixed twin (benchmark off) never synchronises inside a convolution
+    assert "C-CPU-015" not in [f.case_id for f in hermes_kb.advise(d / "fixed").findings]

@@ -485,6 +485,13 @@ class AttentionBackends(Fact):
                                    "one in the memory-efficient kernels' names (null: unknown)")  # fmt: skip
     compute_capability: float | None = measure("version", "the GPU's compute capability (major.minor; null: not "
                                                "an NVIDIA trace)", default=None, le=None)  # fmt: skip
+    sdpa_calls_count: int = measure("count", "aten::scaled_dot_product_attention calls in the analysed steps", default=0)
+    masked_calls_count: int = measure("count", "of them, calls given an attention-mask tensor (4th argument)", default=0)
+    masked_share_ratio: float = ratio("masked_calls_count / sdpa_calls_count", default=0.0)
+    masked_us: float = us("attention kernel time in proportion to the masked calls (attention_time_us x "
+                          "masked_share_ratio: forward and backward kernels alike)", default=0.0)
+    masked_not_causal_count: int = measure("count", "masked calls with is_causal=False (the mask carries the causality, if any)",
+                                         default=0)  # fmt: skip
 
 
 class GradScalerKernels(Fact):
