@@ -407,6 +407,46 @@ def _in_windows(ctx: RankContext, ts: np.ndarray) -> np.ndarray:
     return ctx.step_of(ts) >= 0
 
 
+def _down(parent: np.ndarray, depth: np.ndarray, flag: np.ndarray) -> np.ndarray:
+    """flag spread down the call trees: an op is flagged when it or an ancestor is."""
+    out = flag.copy()
+    if not len(out):
+        return out
+    for d in range(1, int(depth.max()) + 1):
+        rows = np.flatnonzero(depth == d)
+        p = parent[rows]
+        ok = p >= 0
+        out[rows[ok]] |= out[p[ok]]
+    return out
+
+
+_SDPA_MATH = frozenset({"aten::_scaled_dot_product_attention_math", "aten::_scaled_dot_product_attention_math_for_mps"})
+
+
+def sdpa_math_ops(ctx: RankContext) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Per cpu-op row (the math call itself, ops under a math call, ops of its backward) when SDPA
+    ran its math path in the analysed steps, else None. The backward's autograd nodes carry the
+    sequence number of the forward operator that made them."""
+    ops = ctx.trace.cpu_ops
+    if not len(ops):
+        return None
+    names_v, ncodes = _cat_apply(ops["name"], str)
+    is_math = np.array([n in _SDPA_MATH for n in names_v], dtype=bool)[ncodes]
+    win = _in_windows(ctx, ops["ts"].to_numpy())
+    if not (is_math & win).any():
+        return None
+    parent, depth = ops["parent"].to_numpy(), ops["depth"].to_numpy()
+    under = _down(parent, depth, is_math)
+    bwd = np.zeros(len(ops), dtype=bool)
+    if "seq" in ops.columns:
+        seq = ops["seq"].to_numpy()
+        fseq = np.unique(seq[under & (seq >= 0)])  # a forward before the first window still has its backward in it
+        bnames = np.array([("Backward" in n) for n in names_v], dtype=bool)[ncodes]
+        bwd = ~under & bnames & np.isin(seq, fseq) & (seq >= 0)
+        bwd = _down(parent, depth, bwd) if bwd.any() else bwd
+    return is_math, under, bwd
+
+
 def _ratio(x: float) -> float:
     if not np.isfinite(x):
         return 0.0
@@ -649,9 +689,16 @@ def tensor_core_removes(dev: DeviceSpec | None) -> tuple[float | None, float | N
     return min(max(0.0, 1.0 - 2.0 * fp32 / low_peak), hi), hi
 
 
-def _tensor_cores(ctx: RankContext, k: _Acts, dev: DeviceSpec | None = None) -> tuple[list[Fact], bool]:
-    """The tensor-core fact, and whether FP32 matmuls run as TF32 (for choosing peaks)."""
-    mm = k.take((k.cls == _CLS_INDEX["gemm"]) | (k.cls == _CLS_INDEX["conv"]))
+def _tensor_cores(ctx: RankContext, k: _Acts, dev: DeviceSpec | None = None,
+                  attention_math: np.ndarray | None = None) -> tuple[list[Fact], bool]:
+    """The tensor-core fact, and whether FP32 matmuls run as TF32 (for choosing peaks).
+    ``attention_math`` (per kernel): kernels of SDPA's math path, which upcasts to FP32 by design;
+    their fix is a fused attention backend (C-COMP-007), not the model's precision, so they are
+    left out of the FP32 CUDA-core GEMMs."""
+    keep = (k.cls == _CLS_INDEX["gemm"]) | (k.cls == _CLS_INDEX["conv"])
+    if attention_math is not None:
+        keep &= ~attention_math
+    mm = k.take(keep)
     if not len(mm):
         return [], False
     uid, inv = np.unique(mm.name_id, return_inverse=True)
@@ -1184,14 +1231,19 @@ def per_rank(ctx: RankContext) -> list[Fact]:
         total_dev = float(_cpu_self_time(ops)[_in_windows(ctx, ops["ts"].to_numpy())].sum()) if len(ops) else 0.0
     devices = np.unique(k.device[k.device >= 0]) if len(k) else np.zeros(0, dtype=np.int64)
     dev = device_of_trace(ctx.trace, int(devices[0]) if len(devices) else None)
-    if len(k):
-        facts.extend(_short_kernels(ctx, k))
-        tc, fp32_tf32 = _tensor_cores(ctx, k, dev)
-        facts.extend(tc)
-        facts.extend(_fusion(ctx, k))
     launcher = None
     if len(k) and len(ctx.trace.cpu_ops):
         launcher = _launching_op(ctx.trace, ctx.trace.cpu_ops, k.row)
+    if len(k):
+        facts.extend(_short_kernels(ctx, k))
+        math = sdpa_math_ops(ctx) if launcher is not None else None
+        att = None
+        if math is not None:
+            on = math[1] | math[2]
+            att = (launcher >= 0) & on[np.clip(launcher, 0, None)]
+        tc, fp32_tf32 = _tensor_cores(ctx, k, dev, att)
+        facts.extend(tc)
+        facts.extend(_fusion(ctx, k))
     if len(k) or not len(ctx.trace.kernels):  # GPU trace with kernels in the windows, or CPU-only
         facts.extend(_op_analysis(ctx, k, total_dev, dev, fp32_tf32, max(1, len(devices)), launcher))
     # for the per-kernel analysis (analyzers/kernels.py, run next)

@@ -59,6 +59,8 @@ from hermes_kb.facts.compute import (
 
 from . import intervals as iv
 from .compute import (
+    _down,
+    sdpa_math_ops,
     _CLS_INDEX,
     CLASSES,
     U_THR,
@@ -128,19 +130,6 @@ def _register(ctx: RankContext, name: str, description: str, act: _Acts, m: np.n
     if m.any():
         sub = act.take(m)
         register(ctx, WhatIfSet(name, description, kernels=sub.row[sub.kernel], memcpy=sub.row[~sub.kernel]))
-
-
-def _down(parent: np.ndarray, depth: np.ndarray, flag: np.ndarray) -> np.ndarray:
-    """flag spread down the call trees: an op is flagged when it or an ancestor is."""
-    out = flag.copy()
-    if not len(out):
-        return out
-    for d in range(1, int(depth.max()) + 1):
-        rows = np.flatnonzero(depth == d)
-        p = parent[rows]
-        ok = p >= 0
-        out[rows[ok]] |= out[p[ok]]
-    return out
 
 
 def _root(parent: np.ndarray, depth: np.ndarray) -> np.ndarray:
@@ -1269,27 +1258,15 @@ def _npu_fa(ctx: RankContext, act: _Acts, k: _Acts) -> list[Fact]:
 
 
 # --- SDPA's math fallback ----------------------------------------------------------------------------
-_SDPA_MATH = frozenset({"aten::_scaled_dot_product_attention_math", "aten::_scaled_dot_product_attention_math_for_mps"})
-
-
 def _sdpa_math(ctx: RankContext, act: _Acts, k: _Acts, launcher: np.ndarray | None) -> list[Fact]:
     ops = ctx.trace.cpu_ops
     if launcher is None or not len(ops):
         return []
-    names_v, ncodes = _cat_apply(ops["name"], str)
-    is_math = np.array([n in _SDPA_MATH for n in names_v], dtype=bool)[ncodes]
-    win = _in_windows(ctx, ops["ts"].to_numpy())
-    if not (is_math & win).any():
+    found = sdpa_math_ops(ctx)
+    if found is None:
         return []
-    under = _down(ops["parent"].to_numpy(), ops["depth"].to_numpy(), is_math)
-    # the backward of the math path: autograd nodes carry their forward operator's sequence number
-    bwd = np.zeros(len(ops), dtype=bool)
-    if "seq" in ops.columns:
-        seq = ops["seq"].to_numpy()
-        fseq = np.unique(seq[under & win & (seq >= 0)])
-        bnames = np.array([("Backward" in n) for n in names_v], dtype=bool)[ncodes]
-        bwd = ~under & bnames & np.isin(seq, fseq) & (seq >= 0)
-        bwd = _down(ops["parent"].to_numpy(), ops["depth"].to_numpy(), bwd) if bwd.any() else bwd
+    is_math, under, bwd = found
+    win = _in_windows(ctx, ops["ts"].to_numpy())
     ok = launcher >= 0
     km = ok & (under | bwd)[np.clip(launcher, 0, None)] & (k.cls != _COMM)
     if not km.any():

@@ -16,6 +16,8 @@ Checks (``--check``):
                    children's back-reference to their parent, so reference counting frees them
                    and the collector has no cycles to find (the case's "reduce the Python
                    allocation churn" fix; the twin already has the first one, freeze + thresholds).
+  compile_model    C-COMP-003 (GPU conv nets: gpu_cudnn_benchmark, gpu_conv_nchw, gpu_cudnn_multiscale): the
+                   scenario's ``resnet()`` wrapped in torch.compile.
   keep_memory      C-MON-012: glibc's mmap and trim thresholds raised (MALLOC_MMAP_THRESHOLD_,
                    MALLOC_TRIM_THRESHOLD_), so freed memory stays for the next step. The
                    environment must be set before the process starts: each round times both
@@ -72,11 +74,19 @@ def _patch_attr(mod, name: str, value) -> Callable[[], None]:
     return lambda: setattr(mod, name, old)
 
 
+def _patch_compile(mod, torch) -> Callable[[], None]:
+    """The scenario's model builder wrapped in torch.compile (default mode: Inductor fusion)."""
+    orig = mod.resnet
+    return _patch_attr(mod, "resnet", lambda *a, **kw: torch.compile(orig(*a, **kw)))
+
+
 CHECKS: dict[str, tuple[str, str, Callable]] = {
     "fused_optimizer": ("C-CPU-027", "optimizer built with fused=True (foreach=True where fused is refused)",
                         _patch_optimizers),
     "log_off_step": ("C-CPU-019", "log lines not written during the timed steps (written at teardown), as a "
                      "background writer would", lambda mod, torch: _patch_attr(mod, "FLUSH_EVERY", 10**9)),
+    "compile_model": ("C-COMP-003", "the conv net wrapped in torch.compile (Inductor fuses the batch-norm, ReLU and "
+                      "residual-add chains)", _patch_compile),
     "acyclic_parse": ("C-CPU-011", "parse_batch without parent back-references (no reference cycles for the "
                       "collector to find)", lambda mod, torch: _patch_attr(mod, "parse_batch", functools.partial(mod.parse_batch, back_refs=False))),
 }  # fmt: skip
@@ -124,8 +134,8 @@ def verify(scenario: str, check: str, variant: str = "fixed") -> dict:
         "step_s_best_round": best, "step_s_round_means": rounds,
         "speedup": best["as_recorded"] / best["second_fix"], "timing_load": loads,
         "torch": torch.__version__,
-        "protocol": f"{common.ROUNDS} rounds x {common.TIMED_STEPS} unprofiled steps of the variant, "
-                    "as recorded and with the second fix, alternating; best round mean",
+        "protocol": f"{common.ROUNDS} rounds x the scenario's unprofiled steps (Run.timed_steps, else "
+                    f"{common.TIMED_STEPS}) of the variant, as recorded and with the second fix, alternating; best round mean",
     }  # fmt: skip
 
 
