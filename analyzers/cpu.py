@@ -696,8 +696,13 @@ def _compilation(ctx: RankContext, device: iv.Intervals | None = None) -> list[F
     tid = main_tid(tr)
     if tid is not None and len(CA[0]):
         register(ctx, WhatIfSet.of_intervals("compile", "compilation and autotuning on the host", tid, CA[0], CA[1]))
+    if tid is not None and len(A[0]):
+        register(ctx, WhatIfSet.of_intervals("autotune", "kernel autotuning and algorithm searches", tid, A[0], A[1]))
     if len(v_s):  # on their own threads (backward convolutions run on the autograd engine's)
-        register(ctx, _search_set(ctx, v_s, v_e, v_tid))
+        search = _search_set(ctx, v_s, v_e, v_tid)
+        register(ctx, search)
+        register(ctx, WhatIfSet("autotune", "kernel autotuning and algorithm searches", search.host_tid,
+                                search.host_start, search.host_end, kernels=search.kernels, drop_waits=True))
     cu, au, ru, cau = (iv.overlap_length(ws, we, x) for x in (C, A, R, CA))
 
     def blocks(x: iv.Intervals) -> np.ndarray:

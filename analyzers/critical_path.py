@@ -62,6 +62,13 @@ JOIN_TOL_SHARE = 0.05
 # without Stream Wait Event records, a device activity that starts at most this long (µs) after an
 # activity on another stream of its device ended is taken to have waited for it (event wait)
 DEVICE_JOIN_TOL_US = 50.0
+# a launch call held back by a full launch queue (the host ran ahead of the device by the queue's
+# depth) returns as soon as the running device activity ends and frees a slot: at least this long
+# and this many times the median launch call, returning within QUEUE_FULL_TOL_US of the end of an
+# activity that was already running when the call began
+QUEUE_FULL_MIN_US = 50.0
+QUEUE_FULL_FACTOR = 5.0
+QUEUE_FULL_TOL_US = 30.0
 
 # runtime kind -> category; nested calls take the strongest member (sync > launch > runtime)
 _RT_CAT = {"sync": SYNC_WAIT, "launch": LAUNCH, "graph_launch": LAUNCH, "memcpy": LAUNCH, "memset": LAUNCH}
@@ -549,6 +556,28 @@ def build_graph(ctx: RankContext) -> Graph:
             ok = (src >= 0) & (dst >= 0)
             sync_dst.append(dst[ok])
             sync_src.append(src[ok])
+        # kernel launches only: a memcpy / memset call waits for its own copy (the blocking-copy
+        # split below), and a pageable copy is slow for reasons of its own
+        g_copy = np.zeros(nR, dtype=bool)
+        if len(rt_blocking) and nR:
+            np.logical_or.at(g_copy, r_grp, rt_blocking[: len(r_grp)])
+        lg = np.flatnonzero((g_cat == LAUNCH) & ~synced & ~g_copy)
+        if len(lg):
+            ldur = r_ge[lg] - r_gs[lg]
+            held = lg[ldur >= max(QUEUE_FULL_MIN_US, QUEUE_FULL_FACTOR * float(np.median(ldur)))]
+            if len(held):
+                src = last_any(r_ge[held])
+                se = d_end[np.clip(src, 0, None)]
+                dst = seg_at(held, at_end=True)
+                # the slot is freed by the activity that was already running when the call began
+                # (a full queue releases the call at the first end); a long first launch (lazy
+                # module loading) that happens to return after some copy ended is not held by it
+                ss = d_start[np.clip(src, 0, None)]
+                ok = ((src >= 0) & (dst >= 0) & (se > r_gs[held]) & (ss <= r_gs[held])
+                      & (r_ge[held] - se <= QUEUE_FULL_TOL_US))  # fmt: skip
+                sync_dst.append(dst[ok])
+                sync_src.append(src[ok])
+                edges["launch_queue_full"] = int(ok.sum())
         if len(blk_grp):
             dst = seg_at(blk_grp, at_end=True)
             ok = dst >= 0

@@ -13,7 +13,7 @@ from .base import Fact, measure, ratio, us
 # the sets analyzers register (docs/analysis/whatif.md); ``class:<c>`` for every kernel / CPU
 # operator class of the compute analyzer
 TARGETS = frozenset({
-    "dataloader", "host_gaps", "host_gaps_large", "python_io", "python_preprocess", "tiny_ops", "optimizer", "gc", "compile", "syncs",
+    "dataloader", "host_gaps", "host_gaps_large", "python_io", "python_preprocess", "tiny_ops", "optimizer", "gc", "compile", "autotune", "syncs",
     "implicit_syncs", "explicit_syncs", "launch_calls", "host_work", "communication", "device_compute", "fp32_gemm",
     "fp32_conv", "fusable", "python_pauses", "h2d_pageable", "host_step",
     # cpu (analyzers/pyframes.py, cpu.py, dispatch.py)
