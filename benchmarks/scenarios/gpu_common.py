@@ -140,6 +140,19 @@ def classifier_step(model, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch
     opt.step()
 
 
+def classifier_run(model, opt: torch.optim.Optimizer, x_shape: tuple[int, ...], classes: int, timed_steps: int,
+                   cast=autocast, memory_format=torch.contiguous_format):
+    """A classifier trained on four device-resident batches of random inputs (``x_shape``, the batch
+    first) and labels, taken in turn: the input path costs nothing, as the scenarios need."""
+    from common import Run
+
+    gen = torch.Generator().manual_seed(1)
+    data = [(torch.randn(*x_shape, generator=gen).to(DEV, memory_format=memory_format),
+             torch.randint(0, classes, (x_shape[0],), generator=gen).to(DEV)) for _ in range(4)]  # fmt: skip
+    return Run(step=lambda i: classifier_step(model, opt, *data[i % len(data)], cast=cast), samples_per_step=x_shape[0],
+               device=DEV, timed_steps=timed_steps)
+
+
 def gpt_run(scale: str, timed_steps: int):
     """The shared GPT loop as a scenario Run (every step: next batch, train step)."""
     from common import Run

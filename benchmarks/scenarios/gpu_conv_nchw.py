@@ -33,15 +33,8 @@ def make_run(variant: str) -> Run:
     fmt = torch.channels_last if variant == "fixed" else torch.contiguous_format
     torch.manual_seed(0)
     model = resnet().to(g.DEV, memory_format=fmt)
-    opt = g.adamw(model.parameters())
-    gen = torch.Generator().manual_seed(1)
-    data = [(torch.randn(BATCH, 3, SIDE, SIDE, generator=gen).to(g.DEV, memory_format=fmt),
-             torch.randint(0, 100, (BATCH,), generator=gen).to(g.DEV)) for _ in range(4)]  # fmt: skip
-
-    def step(i: int) -> None:
-        g.classifier_step(model, opt, *data[i % len(data)])
-
-    return Run(step=step, samples_per_step=BATCH, device=g.DEV, timed_steps=30)
+    return g.classifier_run(model, g.adamw(model.parameters()), (BATCH, 3, SIDE, SIDE), 100, timed_steps=30,
+                            memory_format=fmt)
 
 
 LABEL = Label(

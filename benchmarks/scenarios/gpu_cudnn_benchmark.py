@@ -59,15 +59,8 @@ def make_run(variant: str) -> Run:
     torch.backends.cudnn.benchmark = variant == "fixed"
     torch.manual_seed(0)
     model = resnet().to(g.DEV, memory_format=torch.channels_last)
-    opt = g.adamw(model.parameters())
-    gen = torch.Generator().manual_seed(1)
-    data = [(torch.randn(BATCH, 3, SIDE, SIDE, generator=gen).to(g.DEV, memory_format=torch.channels_last),
-             torch.randint(0, 100, (BATCH,), generator=gen).to(g.DEV)) for _ in range(4)]  # fmt: skip
-
-    def step(i: int) -> None:
-        g.classifier_step(model, opt, *data[i % len(data)])
-
-    return Run(step=step, samples_per_step=BATCH, device=g.DEV, timed_steps=30)
+    return g.classifier_run(model, g.adamw(model.parameters()), (BATCH, 3, SIDE, SIDE), 100, timed_steps=30,
+                            memory_format=torch.channels_last)
 
 
 LABEL = Label(

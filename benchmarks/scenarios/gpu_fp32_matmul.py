@@ -46,16 +46,8 @@ def make_run(variant: str) -> Run:
             return x + self.down(F.gelu(self.up(self.ln(x)), approximate="tanh"))
 
     model = nn.Sequential(*[FFN() for _ in range(BLOCKS)], nn.Linear(D, 16)).to(g.DEV)
-    opt = g.adamw(model.parameters())
-    gen = torch.Generator().manual_seed(1)
-    data = [(torch.randn(TOKENS, D, generator=gen).to(g.DEV), torch.randint(0, 16, (TOKENS,), generator=gen).to(g.DEV))
-            for _ in range(4)]  # fmt: skip
     cast = g.autocast if variant == "fixed" else contextlib.nullcontext
-
-    def step(i: int) -> None:
-        g.classifier_step(model, opt, *data[i % len(data)], cast=cast)
-
-    return Run(step=step, samples_per_step=TOKENS, device=g.DEV, timed_steps=20)
+    return g.classifier_run(model, g.adamw(model.parameters()), (TOKENS, D), 16, timed_steps=20, cast=cast)
 
 
 LABEL = Label(

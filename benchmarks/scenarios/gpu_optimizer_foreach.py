@@ -38,14 +38,7 @@ def make_run(variant: str) -> Run:
         layers += [nn.Linear(WIDTH, WIDTH), nn.GELU()]
     model = nn.Sequential(*layers, nn.Linear(WIDTH, 10)).to(g.DEV)
     opt = g.adamw(model.parameters()) if variant == "fixed" else torch.optim.AdamW(model.parameters(), lr=3e-4)
-    gen = torch.Generator().manual_seed(1)
-    data = [(torch.randn(BATCH, WIDTH, generator=gen).to(g.DEV), torch.randint(0, 10, (BATCH,), generator=gen).to(g.DEV))
-            for _ in range(4)]  # fmt: skip
-
-    def step(i: int) -> None:
-        g.classifier_step(model, opt, *data[i % len(data)])
-
-    return Run(step=step, samples_per_step=BATCH, device=g.DEV, timed_steps=60)
+    return g.classifier_run(model, opt, (BATCH, WIDTH), 10, timed_steps=60)
 
 
 LABEL = Label(

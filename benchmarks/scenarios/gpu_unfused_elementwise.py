@@ -44,14 +44,7 @@ def make_run(variant: str) -> Run:
     model = nn.Sequential(*[Block() for _ in range(BLOCKS)], nn.Linear(D, 16)).to(g.DEV)
     opt = g.adamw(model.parameters())
     fwd = torch.compile(model) if variant == "fixed" and g.CUDA else model
-    gen = torch.Generator().manual_seed(1)
-    data = [(torch.randn(TOKENS, D, generator=gen).to(g.DEV), torch.randint(0, 16, (TOKENS,), generator=gen).to(g.DEV))
-            for _ in range(4)]  # fmt: skip
-
-    def step(i: int) -> None:
-        g.classifier_step(fwd, opt, *data[i % len(data)])
-
-    return Run(step=step, samples_per_step=TOKENS, device=g.DEV, timed_steps=30)
+    return g.classifier_run(fwd, opt, (TOKENS, D), 16, timed_steps=30)
 
 
 LABEL = Label(
