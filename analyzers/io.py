@@ -23,6 +23,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from hermes_kb.devices import device_of_trace
 from hermes_kb.facts.base import Evidence, Fact
 from hermes_kb.facts.io import DataLoaderWait, HostGap, HostToDeviceCopies, NamedTime, UntracedHostTime
 from hermes_kb.trace.bundle import RankTrace
@@ -748,6 +749,20 @@ def _register_gaps(ctx: RankContext, gs: np.ndarray, ge: np.ndarray, p_io: iv.In
 # ---------------------------------------------------------------- host-to-device copies
 
 
+# pinned host-to-device copies reach about this share of the link's one-direction rate (pinned
+# cudaMemcpy benchmarks: ~12-13 of 15.75 GB/s on Gen3, ~25 of 31.5 on Gen4, ~50-55 of 63 on Gen5)
+PINNED_LINK_SHARE = 0.8
+
+
+def _pinned_copy(ctx: RankContext, nbytes: int) -> float | None:
+    """µs the bytes take from pinned memory on this rank's device (None: device or link unknown)."""
+    dev = device_of_trace(ctx.trace)
+    link = dev.host_link_bytes_per_s if dev is not None else None
+    if not link:
+        return None
+    return nbytes / (PINNED_LINK_SHARE * link) * 1e6
+
+
 def _h2d(ctx: RankContext) -> list[Fact]:
     tr = ctx.trace
     mc = tr.memcpy
@@ -787,11 +802,16 @@ def _h2d(ctx: RankContext) -> list[Fact]:
         b = int(g["bytes"].clip(lower=0).sum())
         dev = float(g["dur"].sum())
         longest = g.nlargest(3, "dur")
+        pinned = _pinned_copy(ctx, b) if k == "pageable" else None
         facts.append(HostToDeviceCopies(
             rank=tr.rank, src=k, pageable=k == "pageable", copies_count=len(g), copied_bytes=b, device_us=dev,
             host_us=float(g["host"].sum()), bandwidth_gbps=(b / dev / 1e3) if dev > 0 else None,
             share_of_h2d_bytes_ratio=div(b, all_bytes), largest_bytes=int(g["bytes"].max()),
             window_us=window, waited_us=waited, waited_ratio=min(div(waited, window), 1.0),
+            pinned_copy_us=pinned,
+            pinned_removes_low_ratio=(min(max(1.0 - pinned / waited, 0.0), 1.0) if pinned is not None and waited > 0
+                                      else None),
+            pinned_removes_high_ratio=1.0 if pinned is not None and waited > 0 else None,
             evidence=Evidence(time_ranges_us=list(zip(longest["ts"].astype(float), longest["end"].astype(float))),
                               events=[f"Memcpy HtoD ({ {'pageable': 'Pageable', 'pinned': 'Pinned'}.get(k, 'Host')} -> Device)"],
                               counts={"memcpy": len(g)},

@@ -50,6 +50,15 @@ class DeviceSpec:
     def peak(self, dtype: str) -> float | None:
         return self.peak_flops.get(dtype)
 
+    @property
+    def host_link_bytes_per_s(self) -> float | None:
+        """One direction of the PCIe x16 link to the host (None: not known), by the generation the
+        datasheets give (bidirectional figures there: 32 / 64 / 128 GB/s for Gen3 / Gen4 / Gen5)."""
+        for prefix, gbps in HOST_LINK_GBPS.items():
+            if self.key.startswith(prefix):
+                return gbps * GBPS
+        return None
+
     def matmul_peak(self, dtype: str, fp32_uses_tf32: bool = False) -> tuple[str, float] | None:
         """Peak for a matrix multiply (GEMM, convolution, attention) in ``dtype``.
 
@@ -129,6 +138,11 @@ def _amd(key, name, fp64, fp32, fp32_matrix, tf32, bf16, fp8, int8, hbm_gbps, me
     return DeviceSpec(key=key, name=name, vendor="amd", peak_flops=flops, hbm_bytes_per_s=hbm_gbps * GBPS,
                       memory_bytes=mem_gb * 1e9, sources=_src(url, [*flops, "hbm"]), note=note)  # fmt: skip
 
+
+# one direction of the host link, GB/s, by family: PCIe Gen3 x16 (V100), Gen4 (A100, MI250, MI210),
+# Gen5 (H100, H200, B200, MI300X); the datasheets in the table below give the bidirectional figures
+HOST_LINK_GBPS = {"v100": 15.75, "a100": 31.5, "mi250": 31.5, "mi210": 31.5, "h100": 63.0, "h200": 63.0,
+                  "b200": 63.0, "mi300x": 63.0}  # fmt: skip
 
 _GCD = "per GCD: the module has two GCDs, each a separate PyTorch device; the module figures are halved"
 

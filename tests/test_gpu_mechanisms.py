@@ -380,3 +380,21 @@ def test_launch_calls_held_by_a_full_queue_wait_for_the_device(tmp_path):
                K("gemm", 30 + 1000 * i, 1000, 500 + i)]  # fmt: skip
     g = build_graph(ctx_of(tmp_path, ev))
     assert g.edges.get("launch_queue_full") == 2
+
+
+def test_pinned_copies_at_the_host_links_rate():
+    # PCIe x16 one direction: Gen5 63 GB/s (H200), Gen4 31.5 (A100), Gen3 15.75 (V100); unknown: None
+    assert lookup("NVIDIA H200").host_link_bytes_per_s == pytest.approx(63e9)
+    assert lookup("NVIDIA A100-SXM4-80GB").host_link_bytes_per_s == pytest.approx(31.5e9)
+    assert lookup("Tesla V100-SXM2-16GB").host_link_bytes_per_s == pytest.approx(15.75e9)
+    assert lookup("NVIDIA GeForce RTX 4090") is None
+    d = GPU_ZOO / "gpu_pageable_copy"
+    if not d.is_dir():
+        pytest.skip("not recorded")
+    (h,) = [f for f in hermes_kb.analyze(d / "bad") if f.kind == "h2d_copies" and f.src == "pageable"]
+    # six 78,643,200-byte image batches (and their small label tensors) at 80% of 63 GB/s
+    assert h.copied_bytes == 471_871_488
+    pinned = 471_871_488 / (0.8 * 63e9) * 1e6  # 9,362.5 µs
+    assert h.pinned_copy_us == pytest.approx(pinned)
+    assert h.pinned_removes_low_ratio == pytest.approx(1 - pinned / h.waited_us)
+    assert h.pinned_removes_high_ratio == 1.0

@@ -239,3 +239,11 @@ class HostToDeviceCopies(Fact):
         "time in the windows when the copies hold the step: a copy or the call issuing it in progress while no "
         "kernel runs (the host blocked in a synchronous copy, the device waiting for its input)", default=0.0)
     waited_ratio: float = ratio("waited_us / window_us", default=0.0)
+    pinned_copy_us: float | None = us(
+        "the same bytes copied from pinned memory at PINNED_LINK_SHARE of the device's host link (one direction; "
+        "null: the device or its link is not in hermes' table)", default=None)
+    pinned_removes_low_ratio: float | None = ratio(
+        "share of waited_us pinned copies remove when they stay exposed: 1 - pinned_copy_us / waited_us", default=None)
+    pinned_removes_high_ratio: float | None = ratio(
+        "share of waited_us removed when the pinned copies are issued non_blocking ahead of use and hide "
+        "behind compute: 1 (null with pinned_copy_us)", default=None)
