@@ -153,11 +153,12 @@ def classifier_run(model, opt: torch.optim.Optimizer, x_shape: tuple[int, ...], 
                device=DEV, timed_steps=timed_steps)
 
 
-def gpt_run(scale: str, timed_steps: int):
-    """The shared GPT loop as a scenario Run (every step: next batch, train step)."""
+def gpt_run(scale: str, timed_steps: int, **training):
+    """The shared GPT loop as a scenario Run (every step: next batch, train step); ``training``
+    goes to gpt_training (attend, vocab, logits_fn)."""
     from common import Run
 
-    _, _, batches, train_step, cfg = gpt_training(scale)
+    _, _, batches, train_step, cfg = gpt_training(scale, **training)
     return Run(step=lambda i: train_step(*batches.next()), samples_per_step=cfg["batch"], device=DEV,
                timed_steps=timed_steps)
 

@@ -36,9 +36,7 @@ def make_run(variant: str) -> Run:
     prior = torch.from_numpy(np.log(freq / freq.sum())).to(g.DEV)  # float64, as NumPy made it
     if variant == "fixed":
         prior = prior.float()
-    _, _, batches, train_step, cfg = g.gpt_training("device", vocab=VOCAB, logits_fn=lambda z: z + prior)
-    return Run(step=lambda i: train_step(*batches.next()), samples_per_step=cfg["batch"], device=g.DEV,
-               timed_steps=30)
+    return g.gpt_run("device", timed_steps=30, vocab=VOCAB, logits_fn=lambda z: z + prior)
 
 
 LABEL = Label(

@@ -41,9 +41,7 @@ def make_run(variant: str) -> Run:
             t = q.shape[-2]
             return F.scaled_dot_product_attention(q, k, v, attn_mask=causal[:t, :t])
 
-    _, _, batches, train_step, cfg = g.gpt_training("device", attend=attend)
-    return Run(step=lambda i: train_step(*batches.next()), samples_per_step=cfg["batch"], device=g.DEV,
-               timed_steps=30)
+    return g.gpt_run("device", timed_steps=30, attend=attend)
 
 
 LABEL = Label(

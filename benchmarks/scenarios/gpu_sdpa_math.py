@@ -33,9 +33,7 @@ def make_run(variant: str) -> Run:
     torch.backends.cuda.enable_mem_efficient_sdp(on)
     if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
         torch.backends.cuda.enable_cudnn_sdp(on)
-    _, _, batches, train_step, cfg = g.gpt_training("device")
-    return Run(step=lambda i: train_step(*batches.next()), samples_per_step=cfg["batch"], device=g.DEV,
-               timed_steps=30)
+    return g.gpt_run("device", timed_steps=30)
 
 
 LABEL = Label(
