@@ -407,17 +407,28 @@ def _in_windows(ctx: RankContext, ts: np.ndarray) -> np.ndarray:
     return ctx.step_of(ts) >= 0
 
 
-def _down(parent: np.ndarray, depth: np.ndarray, flag: np.ndarray) -> np.ndarray:
-    """flag spread down the call trees: an op is flagged when it or an ancestor is."""
-    out = flag.copy()
+def _spread(parent: np.ndarray, depth: np.ndarray, values: np.ndarray, combine) -> np.ndarray:
+    """Values carried down the call trees, level by level: each op's becomes
+    ``combine(its own, its parent's)``."""
+    out = values.copy()
     if not len(out):
         return out
     for d in range(1, int(depth.max()) + 1):
         rows = np.flatnonzero(depth == d)
         p = parent[rows]
         ok = p >= 0
-        out[rows[ok]] |= out[p[ok]]
+        out[rows[ok]] = combine(out[rows[ok]], out[p[ok]])
     return out
+
+
+def _down(parent: np.ndarray, depth: np.ndarray, flag: np.ndarray) -> np.ndarray:
+    """flag spread down the call trees: an op is flagged when it or an ancestor is."""
+    return _spread(parent, depth, flag, np.logical_or)
+
+
+def _root(parent: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    """Row of each op's top-level (depth 0) ancestor, itself at the top."""
+    return _spread(parent, depth, np.arange(len(parent)), lambda own, up: up)
 
 
 _SDPA_MATH = frozenset({"aten::_scaled_dot_product_attention_math", "aten::_scaled_dot_product_attention_math_for_mps"})
@@ -426,7 +437,15 @@ _SDPA_MATH = frozenset({"aten::_scaled_dot_product_attention_math", "aten::_scal
 def sdpa_math_ops(ctx: RankContext) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Per cpu-op row (the math call itself, ops under a math call, ops of its backward) when SDPA
     ran its math path in the analysed steps, else None. The backward's autograd nodes carry the
-    sequence number of the forward operator that made them."""
+    sequence number of the forward operator that made them. Computed once per rank (the compute
+    and kernel analyzers both need it)."""
+    if "sdpa_math_ops" in ctx.shared:
+        return ctx.shared["sdpa_math_ops"]
+    ctx.shared["sdpa_math_ops"] = found = _sdpa_math_ops(ctx)
+    return found
+
+
+def _sdpa_math_ops(ctx: RankContext) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     ops = ctx.trace.cpu_ops
     if not len(ops):
         return None

@@ -60,6 +60,8 @@ from hermes_kb.facts.compute import (
 from . import intervals as iv
 from .compute import (
     _down,
+    _root,
+    _spread,
     sdpa_math_ops,
     _CLS_INDEX,
     CLASSES,
@@ -130,19 +132,6 @@ def _register(ctx: RankContext, name: str, description: str, act: _Acts, m: np.n
     if m.any():
         sub = act.take(m)
         register(ctx, WhatIfSet(name, description, kernels=sub.row[sub.kernel], memcpy=sub.row[~sub.kernel]))
-
-
-def _root(parent: np.ndarray, depth: np.ndarray) -> np.ndarray:
-    """Row of each op's top-level (depth 0) ancestor, itself at the top."""
-    out = np.arange(len(parent))
-    if not len(out):
-        return out
-    for d in range(1, int(depth.max()) + 1):
-        rows = np.flatnonzero(depth == d)
-        p = parent[rows]
-        ok = p >= 0
-        out[rows[ok]] = out[p[ok]]
-    return out
 
 
 def _top(labels: np.ndarray, weights: np.ndarray) -> str:
@@ -1275,12 +1264,9 @@ def _sdpa_math(ctx: RankContext, act: _Acts, k: _Acts, launcher: np.ndarray | No
     t = float(k.dur[km].sum())
     total = float(act.dur.sum())
     # the math call with the most device time: its q dtype and shape
-    root = np.where(is_math, np.arange(len(ops)), -1)
-    for d in range(1, int(ops["depth"].max()) + 1):  # each op's math ancestor (itself included)
-        rows = np.flatnonzero((ops["depth"].to_numpy() == d) & (root < 0))
-        p = ops["parent"].to_numpy()[rows]
-        okp = p >= 0
-        root[rows[okp]] = root[p[okp]]
+    # each op's math ancestor (itself included; the innermost where math calls nest)
+    root = _spread(ops["parent"].to_numpy(), ops["depth"].to_numpy(), np.where(is_math, np.arange(len(ops)), -1),
+                   lambda own, up: np.where(own >= 0, own, up))
     fk = km & under[np.clip(launcher, 0, None)]  # forward kernels: their call names the shape
     if not fk.any():
         fk = km
@@ -1323,6 +1309,7 @@ def per_rank(ctx: RankContext) -> list[Fact]:
                             got["launcher"])  # fmt: skip
     finally:
         ctx.shared.pop("compute_ops", None)
+        ctx.shared.pop("sdpa_math_ops", None)
 
 
 def kernel_facts(ctx: RankContext, act: _Acts, k: _Acts, dev: DeviceSpec | None, fp32_tf32: bool, n_dev: int,

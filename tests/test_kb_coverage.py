@@ -7,6 +7,7 @@ neither; the NPU-only alignment case fires nowhere."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -117,3 +118,26 @@ def test_docs_table_is_the_generated_one():
     rows = [line for line in text[i:j].splitlines() if line.startswith("| C-")]
     ids = sorted(e.item.id for e in hermes_kb.advisor.knowledge_base().cases)
     assert sorted(r.split("|")[1].strip() for r in rows) == ids
+
+
+def test_the_cases_the_gpu_recordings_brought_in_still_fire():
+    # issue 20's count (101 of 138 fire, docs/kb.md) took these nine from the GPU recordings of
+    # 2026-11-28; each is judged here the way `hermes kb coverage` judges a source
+    rec = ROOT / "benchmarks/scenarios/recorded"
+    want = {"gpu_sdpa_math/bad": {"C-COMP-007"}, "gpu_conv_nchw/bad": {"C-COMP-022", "C-COMP-029"},
+            "gpu_optimizer_foreach/bad": {"C-COMP-025"}, "gpu_fp64_logits/bad": {"C-COMP-028", "C-COMP-031"},
+            "gpu_embedding_dense/bad": {"C-COMP-030"}, "gpu_sdpa_mask/bad": {"C-COMP-045"},
+            "gpu_cudnn_multiscale/bad": {"C-CPU-015"}}  # fmt: skip
+    if not all((rec / r).is_dir() for r in want):
+        pytest.skip("GPU recordings not present")
+    kb = hermes_kb.advisor.knowledge_base()
+    for run, cases in want.items():
+        assert cases <= C.fired_cases(C.analyse(rec / run), kb), run
+
+
+def test_the_documented_count_meets_the_catalogue_target():
+    # issue 20: at least 135 cases, at least 100 of them firing on a real trace or recording
+    text = (ROOT / "docs/kb.md").read_text()
+    m = re.search(r"on either: \*\*(\d+)\*\*", text)
+    assert m and int(m.group(1)) >= 100
+    assert len(hermes_kb.advisor.knowledge_base().cases) >= 135
