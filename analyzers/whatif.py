@@ -25,15 +25,15 @@ import numpy as np
 
 from hermes_kb.facts.base import Evidence, Fact
 from hermes_kb.facts.whatif import WhatIf
+from hermes_kb.workers import in_two
 
 from . import intervals as iv
 from .context import RankContext
 from .critical_path import Graph
 from .whatif_sets import WhatIfSet
 
-# the replay runs at these fractions of each set's time (the curve between them is linear; the
+# the replay runs at f = 0.5 and 1 of each set's time (the curve between them is linear; the
 # removable time is concave in the fraction, so interpolating under-states it slightly)
-FRACTIONS = (0.5, 1.0)
 # sets whose time on the critical chain is below this share of the analysed steps are not
 # replayed: they cannot remove more than that (under the 1.02x a report shows), and their fact
 # carries that bound instead
@@ -412,6 +412,28 @@ def evaluate(m: SimModel, r: np.ndarray, f: float, drop_waits: bool) -> float:
     return baseline_time(m) - analysed_time(m, S, E)
 
 
+def _replayed_points(m: SimModel, sets: dict[str, WhatIfSet], amounts: dict[str, np.ndarray],
+                     crit_of: dict[str, float], base: float) -> dict[str, tuple[float, float]]:  # fmt: skip
+    """Removed µs at f = 0.5 and 1 of every set worth replaying (critical time at least
+    MIN_CRITICAL_SHARE of the steps, or one that drops waits). The whole set is replayed first; the
+    half only where it can differ from a line (a set that came off the critical chain whole, with
+    nothing else taking over, has no longer path at a smaller fraction either) and where the whole
+    removes at least MIN_CRITICAL_SHARE. Each round's replays are independent, so they are split
+    over two processes where a core is free (``in_two``): the same numbers, about half the time."""
+    if base <= 0:
+        return {}
+    names = [n for n in amounts if crit_of[n] >= MIN_CRITICAL_SHARE * base or sets[n].drop_waits]
+    whole = dict(zip(names, (max(0.0, v) for v in in_two(
+        lambda n: evaluate(m, amounts[n], 1.0, sets[n].drop_waits), names))))  # fmt: skip
+    # the half where it is not replayed: a line, or (the whole removing too little to matter) the bound
+    out = {n: (0.5 * (whole[n] if whole[n] >= MIN_CRITICAL_SHARE * base else crit_of[n]), whole[n]) for n in names}
+    halves = [n for n in names if whole[n] >= MIN_CRITICAL_SHARE * base
+              and (sets[n].drop_waits or whole[n] < crit_of[n] - 1e-6 * base)]  # fmt: skip
+    for n, v in zip(halves, in_two(lambda n: evaluate(m, amounts[n], 0.5, sets[n].drop_waits), halves)):
+        out[n] = (max(0.0, v), whole[n])
+    return out
+
+
 def per_rank(ctx: RankContext) -> list[Fact]:
     sets: dict[str, WhatIfSet] = ctx.shared.get("whatif_sets", {})
     g: Graph | None = ctx.shared.get("graph")
@@ -433,6 +455,7 @@ def per_rank(ctx: RankContext) -> list[Fact]:
         if r.sum() > 0:
             amounts[name] = r
     crit_of = {name: float((r * cw).sum()) for name, r in amounts.items()}
+    removed = _replayed_points(m, sets, amounts, crit_of, base)
     facts: list[Fact] = []
     for name, r in amounts.items():
         s = sets[name]
@@ -445,24 +468,14 @@ def per_rank(ctx: RankContext) -> list[Fact]:
                     shared = float((np.minimum(r, r2) * cw).sum())
                     if shared >= 0.01 * crit:
                         overlaps[other] = shared
-        removed = {f: f * crit for f in FRACTIONS}  # the bound, where the set is not replayed
-        replayed = base > 0 and (crit >= MIN_CRITICAL_SHARE * base or s.drop_waits)
-        if replayed:
-            for f in sorted(FRACTIONS, reverse=True):
-                if f < 1.0 and not s.drop_waits and removed[1.0] >= crit - 1e-6 * base:
-                    # the whole set came off the critical chain and nothing else took over: no
-                    # other path is longer at any smaller fraction either, the curve is a line
-                    removed[f] = f * removed[1.0]
-                    continue
-                removed[f] = max(0.0, evaluate(m, r, f, s.drop_waits))
-                if f == 1.0 and removed[f] < MIN_CRITICAL_SHARE * base:
-                    break  # the whole set hardly shortens the steps: the smaller fractions less so
+        replayed = name in removed
+        half, whole = removed.get(name, (0.5 * crit, crit))  # the bound, where the set is not replayed
         nodes = np.flatnonzero(r > 0)
         facts.append(WhatIf(
             rank=ctx.rank, target=name, description=s.description, drop_waits=s.drop_waits,
             own_us=own, critical_us=min(crit, own), step_us=step_us, replay_base_us=base, profiler_host_scale=h,
-            removed_half_us=min(removed[0.5], removed[1.0]), removed_all_us=removed[1.0],
-            removed_all_ratio=min(1.0, removed[1.0] / step_us) if step_us > 0 else 0.0,
+            removed_half_us=min(half, whole), removed_all_us=whole,
+            removed_all_ratio=min(1.0, whole / step_us) if step_us > 0 else 0.0,
             nodes_count=int(len(nodes)), critical_overlaps_us=overlaps, linked=linked, replayed=replayed,
             evidence=Evidence(
                 time_ranges_us=[(float(g.start[i]), float(g.end[i])) for i in nodes[np.argsort(-r[nodes])][:3]],

@@ -16,10 +16,13 @@ import os
 import signal
 import sys
 import threading
+from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any
+
+from .cpus import usable_cpus
 
 
 @dataclass
@@ -46,6 +49,62 @@ def can_fork() -> bool:
     if threading.active_count() > 1:
         return False
     return not mp.current_process().daemon
+
+
+def core_free() -> bool:
+    """A second process would get a core of its own: several usable cores and a 1-minute load
+    average that leaves one free (measured on the load split: 1.0 s split on an idle 2-core
+    machine, 1.49 s split against 1.34 s alone with both cores busy). ``HERMES_NO_SPLIT`` says no."""
+    if os.environ.get("HERMES_NO_SPLIT"):
+        return False
+    cpus = usable_cpus()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    return cpus >= 2 and load <= cpus - 1
+
+
+def in_two(fn: Callable[[Any], float], items: Sequence) -> list[float]:
+    """``fn(item)`` for every item, the odd-numbered ones in one forked child while this process
+    does the others, when forking is safe and a core is free; here, in order, otherwise. The child
+    sends back plain doubles (nothing is unpickled); if it dies, this process does its items. The
+    results are the same numbers either way."""
+    if len(items) < 2 or not can_fork() or not core_free():
+        return [float(fn(x)) for x in items]
+    theirs = list(range(1, len(items), 2))
+    rfd, wfd = os.pipe()
+    pid = -1
+    gc.freeze()  # the child's collections would otherwise touch, and copy, every parent page
+    try:
+        pid = os.fork()
+    finally:
+        if pid != 0:
+            gc.unfreeze()
+    if pid == 0:
+        os.close(rfd)
+        code = 1
+        try:
+            out = array("d", (float(fn(items[i])) for i in theirs))
+            with os.fdopen(wfd, "wb") as fh:
+                fh.write(out.tobytes())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(wfd)
+    results: list[float] = [0.0] * len(items)
+    try:
+        for i in range(0, len(items), 2):
+            results[i] = float(fn(items[i]))
+    finally:
+        with os.fdopen(rfd, "rb") as fh:
+            data = fh.read()
+        _, status = os.waitpid(pid, 0)
+    back = array("d")
+    if status == 0 and len(data) == 8 * len(theirs):
+        back.frombytes(data)
+    else:  # the child died: its share is done here
+        back = array("d", (float(fn(items[i])) for i in theirs))
+    for i, v in zip(theirs, back):
+        results[i] = v
+    return results
 
 
 def _child(fn: Callable, args: tuple, conn) -> None:

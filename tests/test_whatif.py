@@ -203,3 +203,18 @@ def test_half_of_the_sync_calls_go_whole(tmp_path):
     half = np.flatnonzero(_drops(m, r, 0.5))
     assert len(half) == 2 and g.start[half].max() - g.start[half].min() < 300  # one call, both parts
     assert np.flatnonzero(_drops(m, r, 1.0)).tolist() == parts.tolist()
+
+
+@needs_shared()
+def test_replays_split_over_two_processes_give_the_sequential_facts(monkeypatch):
+    """The what-if replays of a rank run in two processes where a core is free: the same facts."""
+    from hermes_kb import workers
+
+    rel = "hta/df_index_resolver/df_index_resolver.json.gz"
+    monkeypatch.setattr(workers, "core_free", lambda: True)
+    _, split = ctx_of(SHARED / rel)
+    monkeypatch.setattr(workers, "core_free", lambda: False)
+    _, alone = ctx_of(SHARED / rel)
+    a = [f.model_dump() for f in split if f.kind == "whatif"]
+    b = [f.model_dump() for f in alone if f.kind == "whatif"]
+    assert a == b and sum(f["replayed"] for f in a) >= 3

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import BadTraceError, as_rank
-from ..cpus import usable_cpus
+from ..workers import core_free
 from . import kineto_frames as kf
 from . import kineto_joins as kj
 from . import kineto_schema as ks
@@ -252,15 +252,11 @@ def _build(raws: list[msgspec.Raw], lo: int, hi: int, path: str) -> _Builders:
 
 
 def _can_split(n_events: int) -> bool:
-    if n_events < SPLIT_MIN_EVENTS or not hasattr(os, "fork") or os.environ.get("HERMES_NO_SPLIT"):
+    if n_events < SPLIT_MIN_EVENTS or not hasattr(os, "fork"):
         return False
     if threading.active_count() > 1 or mp.current_process().name != "MainProcess":
         return False  # forking a threaded process, or from inside a pool worker, is not safe
-    cpus = usable_cpus()
-    # a second process only helps when a core is free (measured: 1.34 s alone vs 1.49 s split
-    # with both cores busy, 1.0 s split on an idle machine)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    return cpus >= 2 and load <= cpus - 1
+    return core_free()
 
 
 def _build_split(raws: list[msgspec.Raw], path: str) -> _Builders:
