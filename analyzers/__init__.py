@@ -41,14 +41,22 @@ def _entry(name: str, attr: str):
     return getattr(mod, attr, None)
 
 
-def analyze_rank(trace: RankTrace) -> tuple[RankContext, list[Fact]]:
+def _run(name: str, ctx: RankContext) -> list[Fact]:
+    fns = _guarded(name, ctx.rank, lambda: [f] if (f := _entry(name, "per_rank")) else [])
+    if fns and isinstance(fns[0], AnalyzerError):
+        return fns
+    return _guarded(name, ctx.rank, fns[0], ctx) if fns else []
+
+
+def analyze_rank(trace: RankTrace, *, defer_replays: bool = False) -> tuple[RankContext, list[Fact]]:
+    """The rank's facts in PER_RANK order. ``defer_replays``: the what-if facts carry their
+    critical-path bounds and the replays wait for the advisor to name the sets it needs
+    (hermes_kb/whatif_on_demand.py)."""
     ctx, facts = step_context(trace)
+    if defer_replays:
+        ctx.shared["whatif_defer"] = True
     for name in PER_RANK:
-        fns = _guarded(name, trace.rank, lambda: [f] if (f := _entry(name, "per_rank")) else [])
-        if fns and isinstance(fns[0], AnalyzerError):
-            facts.extend(fns)
-        elif fns:
-            facts.extend(_guarded(name, trace.rank, fns[0], ctx))
+        facts.extend(_run(name, ctx))
     return ctx, facts
 
 

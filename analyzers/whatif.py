@@ -25,7 +25,7 @@ import numpy as np
 
 from hermes_kb.facts.base import Evidence, Fact
 from hermes_kb.facts.whatif import WhatIf
-from hermes_kb.workers import in_two
+from hermes_kb.workers import in_two, two_processes
 
 from . import intervals as iv
 from .context import RankContext
@@ -139,12 +139,24 @@ def build_model(g: Graph, windows, main_tid: int) -> SimModel:
         last_members = np.zeros(0, np.int64)
     first_start = windows[0].start_us if windows else 0.0
     last_end = float(en[last_members].max()) if len(last_members) else (last.end_us if last else 0.0)
-    return SimModel(
+    m = SimModel(
         n=n, n_host=nS, start0=st, end0=en, order=order.tolist(), lane_prev=lane_prev.tolist(),
         xstart=xstart.tolist(), launch=launch.tolist(), launch_off=launch_off.tolist(), xend=xend.tolist(),
         xend_off=xend_off.tolist(), own=own, slack=slack.tolist(), anchors=anchors, last_members=last_members,
         first_start=first_start, last_end=last_end,
     )  # fmt: skip
+    m.__dict__["_arrays"] = {"lane_prev": lane_prev, "xstart": xstart, "launch": launch, "launch_off": launch_off,
+                             "xend": xend, "xend_off": xend_off, "slack": slack}  # fmt: skip
+    return m
+
+
+def _array(m: SimModel, name: str) -> np.ndarray:
+    """A list field of the model as the array build_model made it from (a model read back from
+    disk converts its list once)."""
+    arrays = m.__dict__.setdefault("_arrays", {})
+    if name not in arrays:
+        arrays[name] = np.asarray(getattr(m, name), dtype=np.float64 if name in ("launch_off", "xend_off", "slack") else np.int64)
+    return arrays[name]
 
 
 def replay(m: SimModel, shrink: np.ndarray | None = None, drop: np.ndarray | None = None) -> tuple[list, list]:
@@ -262,9 +274,9 @@ def critical_chain(m: SimModel) -> Chain:
     if not len(m.last_members):
         return empty
     st, en, own, first = m.start0, m.end0, m.own, m.first_start
-    lane, xs, la = np.asarray(m.lane_prev), np.asarray(m.xstart), np.asarray(m.launch)
-    lo, xe, xo = np.asarray(m.launch_off), np.asarray(m.xend), np.asarray(m.xend_off)
-    anchored = np.isnan(np.asarray(m.slack, dtype=float))
+    lane, xs, la = _array(m, "lane_prev"), _array(m, "xstart"), _array(m, "launch")
+    lo, xe, xo = _array(m, "launch_off"), _array(m, "xend"), _array(m, "xend_off")
+    anchored = np.isnan(_array(m, "slack"))
     idx = np.arange(n)
     stop = 2 * n  # sentinel state
     # end states: the awaited node's end when it set this end, else this node's start
@@ -392,7 +404,7 @@ def _drops(m: SimModel, r: np.ndarray, f: float) -> np.ndarray:
     out = np.zeros(m.n, dtype=bool)
     if not len(cand):
         return out
-    prev = np.asarray(m.lane_prev)[cand]
+    prev = _array(m, "lane_prev")[cand]
     joined = np.zeros(len(cand), dtype=bool)
     joined[1:] = (prev[1:] == cand[:-1]) & (m.end0[cand[:-1]] >= m.start0[cand[1:]])
     call = np.cumsum(~joined) - 1
@@ -412,8 +424,8 @@ def evaluate(m: SimModel, r: np.ndarray, f: float, drop_waits: bool) -> float:
     return baseline_time(m) - analysed_time(m, S, E)
 
 
-def _replayed_points(m: SimModel, sets: dict[str, WhatIfSet], amounts: dict[str, np.ndarray],
-                     crit_of: dict[str, float], base: float) -> dict[str, tuple[float, float]]:  # fmt: skip
+def _replayed_points(m: SimModel, amounts: dict[str, np.ndarray], drops: set[str], crit_of: dict[str, float],
+                     base: float) -> dict[str, tuple[float, float]]:  # fmt: skip
     """Removed µs at f = 0.5 and 1 of every set worth replaying (critical time at least
     MIN_CRITICAL_SHARE of the steps, or one that drops waits). The whole set is replayed first; the
     half only where it can differ from a line (a set that came off the critical chain whole, with
@@ -422,15 +434,21 @@ def _replayed_points(m: SimModel, sets: dict[str, WhatIfSet], amounts: dict[str,
     over two processes where a core is free (``in_two``): the same numbers, about half the time."""
     if base <= 0:
         return {}
-    names = [n for n in amounts if crit_of[n] >= MIN_CRITICAL_SHARE * base or sets[n].drop_waits]
-    whole = dict(zip(names, (max(0.0, v) for v in in_two(
-        lambda n: evaluate(m, amounts[n], 1.0, sets[n].drop_waits), names))))  # fmt: skip
+    names = [n for n in amounts if crit_of[n] >= MIN_CRITICAL_SHARE * base or n in drops]
+    # an odd first round would leave the second process idle for one replay: it takes the half of
+    # the set with the most critical time (the likeliest to be needed) ahead of the second round
+    ahead = sorted(names, key=lambda n: -crit_of[n])[: len(names) % 2] if two_processes() else []
+    jobs = [(n, 1.0) for n in names] + [(n, 0.5) for n in ahead]
+    got = dict(zip(jobs, in_two(lambda j: evaluate(m, amounts[j[0]], j[1], j[0] in drops), jobs)))
+    whole = {n: max(0.0, got[(n, 1.0)]) for n in names}
     # the half where it is not replayed: a line, or (the whole removing too little to matter) the bound
     out = {n: (0.5 * (whole[n] if whole[n] >= MIN_CRITICAL_SHARE * base else crit_of[n]), whole[n]) for n in names}
     halves = [n for n in names if whole[n] >= MIN_CRITICAL_SHARE * base
-              and (sets[n].drop_waits or whole[n] < crit_of[n] - 1e-6 * base)]  # fmt: skip
-    for n, v in zip(halves, in_two(lambda n: evaluate(m, amounts[n], 0.5, sets[n].drop_waits), halves)):
-        out[n] = (max(0.0, v), whole[n])
+              and (n in drops or whole[n] < crit_of[n] - 1e-6 * base)]  # fmt: skip
+    later = [n for n in halves if (n, 0.5) not in got]
+    got.update(zip([(n, 0.5) for n in later], in_two(lambda n: evaluate(m, amounts[n], 0.5, n in drops), later)))
+    for n in halves:
+        out[n] = (max(0.0, got[(n, 0.5)]), whole[n])
     return out
 
 
@@ -455,7 +473,9 @@ def per_rank(ctx: RankContext) -> list[Fact]:
         if r.sum() > 0:
             amounts[name] = r
     crit_of = {name: float((r * cw).sum()) for name, r in amounts.items()}
-    removed = _replayed_points(m, sets, amounts, crit_of, base)
+    drops = {n for n, st in sets.items() if st.drop_waits}
+    # deferred (hermes_kb/whatif_on_demand.py): every fact carries its bound until a finding asks
+    removed = {} if ctx.shared.get("whatif_defer") else _replayed_points(m, amounts, drops, crit_of, base)
     facts: list[Fact] = []
     for name, r in amounts.items():
         s = sets[name]
@@ -468,24 +488,39 @@ def per_rank(ctx: RankContext) -> list[Fact]:
                     shared = float((np.minimum(r, r2) * cw).sum())
                     if shared >= 0.01 * crit:
                         overlaps[other] = shared
-        replayed = name in removed
-        half, whole = removed.get(name, (0.5 * crit, crit))  # the bound, where the set is not replayed
         nodes = np.flatnonzero(r > 0)
-        facts.append(WhatIf(
+        fact = WhatIf(
             rank=ctx.rank, target=name, description=s.description, drop_waits=s.drop_waits,
             own_us=own, critical_us=min(crit, own), step_us=step_us, replay_base_us=base, profiler_host_scale=h,
-            removed_half_us=min(half, whole), removed_all_us=whole,
-            removed_all_ratio=min(1.0, whole / step_us) if step_us > 0 else 0.0,
-            nodes_count=int(len(nodes)), critical_overlaps_us=overlaps, linked=linked, replayed=replayed,
+            # the bound, where the set is not replayed
+            removed_half_us=0.5 * crit, removed_all_us=crit, removed_all_ratio=min(1.0, crit / step_us) if step_us > 0 else 0.0,
+            nodes_count=int(len(nodes)), critical_overlaps_us=overlaps, linked=linked, replayed=False,
             evidence=Evidence(
                 time_ranges_us=[(float(g.start[i]), float(g.end[i])) for i in nodes[np.argsort(-r[nodes])][:3]],
                 events=list(dict.fromkeys(g.names[int(g.name[i])] for i in nodes[np.argsort(-r[nodes])][:20]))[:5],
                 note="dependency-graph replay with the set's events shortened (docs/analysis/whatif.md)",
             ),
-        ))  # fmt: skip
+        )  # fmt: skip
+        facts.append(with_points(fact, *removed[name]) if name in removed else fact)
     ctx.shared["whatif_amounts"] = amounts
-    ctx.shared["whatif_drops"] = {n for n, st in sets.items() if st.drop_waits}
+    ctx.shared["whatif_drops"] = drops
+    ctx.shared["whatif_critical"] = crit_of
     return facts
+
+
+def with_points(fact: WhatIf, half: float, whole: float) -> WhatIf:
+    """The fact with its replayed points (removed µs at f = 0.5 and 1)."""
+    step = fact.step_us
+    return fact.model_copy(update={"removed_half_us": min(half, whole), "removed_all_us": whole,
+                                   "removed_all_ratio": min(1.0, whole / step) if step > 0 else 0.0, "replayed": True})  # fmt: skip
+
+
+def replay_targets(m: SimModel, amounts: dict[str, np.ndarray], drops: set[str], crit_of: dict[str, float],
+                   facts: dict[str, WhatIf]) -> dict[str, WhatIf]:  # fmt: skip
+    """The deferred replays of the sets named in ``facts`` (target -> the rank's unreplayed fact):
+    the facts the eager analyzer would have made for them, for those worth replaying."""
+    pts = _replayed_points(m, {n: amounts[n] for n in facts if n in amounts}, drops, crit_of, baseline_time(m))
+    return {n: with_points(facts[n], *p) for n, p in pts.items()}
 
 
 def removed_at(half_us: float, all_us: float, f: float) -> float:

@@ -30,6 +30,7 @@ from .kb.loader import KnowledgeBase, load_kb, load_overrides
 from .kb.models import Case
 from .kb.templates import BoundedSandbox
 from .analyzers.whatif import removed_at
+from .whatif_on_demand import replay_needed
 from .report import (
     SEVERITY_ORDER,
     CombinedGain,
@@ -605,13 +606,15 @@ def advise_bundle_full(
     kb = knowledge_base(config)
     if facts is None:
         stage(f"analysing {len(bundle)} rank(s)")
-        facts, replay = analyze_with_replay(bundle)
+        facts, replay = analyze_with_replay(bundle, defer_replays=True)
     elif replay is None:
         replay = {}
     stage("rules and cases")
     inf = infer(kb, facts, engine)
     stage("findings and gains")
-    findings, combined, left = diagnose(inf, kb, _platform(bundle), replay, rank=rank, top=top)
+    platform = _platform(bundle)
+    facts = replay_needed(inf, kb, platform, facts, replay)
+    findings, combined, left = diagnose(inf, kb, platform, replay, rank=rank, top=top)
     warnings = [f"skipped {p.message}" for p in bundle.problems] + list(bundle.warnings)
     warnings += [f"analyzer {f.analyzer} failed on rank {f.rank}: {f.message}" for f in facts if f.kind == "analyzer_error"]
     summary = _summary(bundle, facts)

@@ -24,6 +24,8 @@ class ReplayState:
     model: Any  # analyzers.whatif.SimModel
     amounts: dict[str, Any]  # target -> µs per node
     drop_waits: set[str]  # targets whose fix removes the waits themselves
+    critical: dict[str, float] | None = None  # target -> µs on the critical chain (deferred replays only)
+    deferred: bool = False  # the replays wait for the advisor (whatif_on_demand.py)
 
 
 def _rank_job(rank: int):
@@ -45,9 +47,12 @@ def analyze_bundle(bundle: TraceBundle, *, max_workers: int | None = None) -> li
     return analyze_with_replay(bundle, max_workers=max_workers)[0]
 
 
-def analyze_with_replay(bundle: TraceBundle, *, max_workers: int | None = None) -> tuple[list[Fact], dict[int, Any]]:
+def analyze_with_replay(bundle: TraceBundle, *, max_workers: int | None = None,
+                        defer_replays: bool = False) -> tuple[list[Fact], dict[int, Any]]:  # fmt: skip
     """``analyze_bundle``, plus each rank's what-if replay state (the model and the sets' node
-    amounts, analyzers/whatif.py), which the advisor needs to replay several fixes together."""
+    amounts, analyzers/whatif.py), which the advisor needs to replay several fixes together.
+    ``defer_replays``: ranks analysed in this process leave their what-if replays to
+    ``whatif_on_demand.replay_needed`` (ranks in worker processes replay every set there)."""
     from .analyzers import analyze_cross_rank, analyze_rank
 
     global _BUNDLE
@@ -70,12 +75,13 @@ def analyze_with_replay(bundle: TraceBundle, *, max_workers: int | None = None) 
             else:
                 results[i][0].trace = bundle[r]
     else:  # one rank, one core, or a process where forking is not safe (other threads running)
-        results = [analyze_rank(bundle[r]) for r in ranks]
+        results = [analyze_rank(bundle[r], defer_replays=defer_replays) for r in ranks]
     contexts = {r: ctx for r, (ctx, _) in zip(ranks, results)}
     facts: list[Fact] = [f for _, fs in results for f in fs]
     facts.extend(analyze_cross_rank(contexts, facts))
     replay = {r: ReplayState(c.shared["whatif_model"], c.shared.get("whatif_amounts", {}),
-                             c.shared.get("whatif_drops", set()))
+                             c.shared.get("whatif_drops", set()), c.shared.get("whatif_critical"),
+                             bool(c.shared.get("whatif_defer")))
               for r, c in contexts.items() if c.shared.get("whatif_model") is not None}  # fmt: skip
     return facts, replay
 

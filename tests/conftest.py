@@ -55,3 +55,18 @@ def X(cat: str, name: str, ts, dur, pid=1, tid=1, args: dict | None = None) -> d
     if args:
         ev["args"] = args
     return ev
+
+
+def in_fresh_process(code: str, timeout: float = 300) -> str:
+    """Run ``code`` in a new interpreter (tests/ on its path) and return its stdout; a failure
+    there fails here with its stderr. For what needs ``fork``: after a test has started Dask
+    (its threads stay for the process's life), hermes no longer forks in this one."""
+    import subprocess
+    import sys
+    import textwrap
+
+    here = str(Path(__file__).resolve().parent)
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=here, capture_output=True, text=True,
+                         timeout=timeout, env={**__import__("os").environ, "PYTHONPATH": here})  # fmt: skip
+    assert out.returncode == 0, out.stderr[-4000:]
+    return out.stdout

@@ -189,3 +189,36 @@ def test_shift_moves_link_times_too(tmp_path):
     t = hermes_kb.load(tmp_path)[1]
     assert t.runtime["ts"].iat[0] == 100.0 and t.links["launch_ts"].iat[0] == 100.0
     assert t.kernels["ts"].iat[0] == 110.0 and t.links["gpu_ts"].iat[0] == 110.0
+
+
+def _walk(tid, ts, end):
+    """The stack walk call_tree replaces: in start order per thread, longer first at equal starts."""
+    n = len(ts)
+    order = sorted(range(n), key=lambda i: (tid[i], ts[i], -(end[i] - ts[i]), i))
+    par, dep, stack, prev = [-1] * n, [0] * n, [], None
+    for k in order:
+        if tid[k] != prev:
+            stack, prev = [], tid[k]
+        while stack and end[stack[-1]] <= ts[k]:
+            stack.pop()
+        if stack:
+            par[k], dep[k] = stack[-1], dep[stack[-1]] + 1
+        stack.append(k)
+    return par, dep
+
+
+def test_call_tree_is_the_stack_walk_on_random_intervals():
+    """Nested, partly overlapping, zero-length and equal-start intervals on three threads."""
+    import numpy as np
+
+    from hermes_kb.trace.columns import call_tree
+
+    rng = np.random.default_rng(7)
+    for _ in range(400):
+        n = int(rng.integers(1, 80))
+        tid = rng.integers(0, 3, n)
+        ts = rng.integers(0, 60, n).astype(float)
+        end = ts + rng.integers(0, 25, n)
+        par, dep = call_tree(tid, ts, end)
+        want_par, want_dep = _walk(tid.tolist(), ts.tolist(), end.tolist())
+        assert par.tolist() == want_par and dep.tolist() == want_dep

@@ -206,15 +206,55 @@ def test_half_of_the_sync_calls_go_whole(tmp_path):
 
 
 @needs_shared()
-def test_replays_split_over_two_processes_give_the_sequential_facts(monkeypatch):
-    """The what-if replays of a rank run in two processes where a core is free: the same facts."""
-    from hermes_kb import workers
+def test_replays_split_over_two_processes_give_the_sequential_facts():
+    """The what-if replays of a rank run in two processes where a core is free: the same facts.
+    In a fresh interpreter (a process where Dask has run no longer forks)."""
+    from conftest import in_fresh_process
 
-    rel = "hta/df_index_resolver/df_index_resolver.json.gz"
-    monkeypatch.setattr(workers, "core_free", lambda: True)
-    _, split = ctx_of(SHARED / rel)
-    monkeypatch.setattr(workers, "core_free", lambda: False)
-    _, alone = ctx_of(SHARED / rel)
-    a = [f.model_dump() for f in split if f.kind == "whatif"]
-    b = [f.model_dump() for f in alone if f.kind == "whatif"]
-    assert a == b and sum(f["replayed"] for f in a) >= 3
+    in_fresh_process("""
+import os
+from conftest import SHARED
+from hermes_kb import load, workers
+from hermes_kb.analyzers import analyze_rank
+forks = []
+real = os.fork
+os.fork = lambda: forks.append(1) or real()
+bundle = load(str(SHARED / "hta/df_index_resolver/df_index_resolver.json.gz"), max_workers=1)
+trace = bundle[bundle.rank_ids[0]]
+def whatif(split):
+    workers.core_free = lambda: split
+    forks.clear()
+    _, facts = analyze_rank(trace)
+    assert bool(forks) == split
+    return [f.model_dump() for f in facts if f.kind == "whatif"]
+a, b = whatif(True), whatif(False)
+assert a == b and sum(f["replayed"] for f in a) >= 3
+""")
+
+
+@needs_shared()
+@pytest.mark.parametrize("rel", [REAL[1], REAL[0]])
+def test_deferred_replays_give_the_eager_report_and_the_eager_facts_they_replay(rel):
+    """advise replays only the sets a matched case names (hermes_kb/whatif_on_demand.py): the
+    report is the one the eager analysis gives, the replayed facts are its facts, the others
+    carry their critical-path bound and say they were not replayed."""
+    from hermes_kb.advisor import advise_bundle_full
+    from hermes_kb.analysis import analyze_with_replay
+
+    bundle = hermes_kb.load(str(SHARED / rel))
+    lazy = advise_bundle_full(bundle)
+    facts, replay = analyze_with_replay(bundle)
+    eager = advise_bundle_full(bundle, facts=facts, replay=replay)
+    assert lazy.report.model_dump_json() == eager.report.model_dump_json()
+    mine = {(f.rank, f.target): f for f in lazy.facts if f.kind == "whatif"}
+    theirs = {(f.rank, f.target): f for f in eager.facts if f.kind == "whatif"}
+    assert mine.keys() == theirs.keys()
+    used = {(r, f.whatif_target) for f in lazy.report.findings if f.whatif_target for r in (f.ranks or [None])}
+    replayed = {k for k, f in mine.items() if f.replayed}
+    assert replayed and replayed < {k for k, f in theirs.items() if f.replayed}
+    for k in replayed:
+        assert mine[k] == theirs[k]
+    for k in mine.keys() - replayed:
+        f = mine[k]
+        assert f.removed_all_us == f.critical_us and f.removed_half_us == 0.5 * f.critical_us
+    assert {k for k in used if k in theirs and theirs[k].replayed} <= replayed

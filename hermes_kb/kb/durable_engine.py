@@ -261,6 +261,21 @@ def _action(key: str):
 
 
 def _register(kb, items, attr: str) -> str:
+    """The ruleset of ``items``, compiled and registered once per knowledge base, items and
+    parameters (compiling 194 items took ~35 ms of every advise). The cache lives on the KB and
+    holds the items it was made from, so an id in its key is never another object's."""
+    params = json.dumps([kb.params.get(e.item.id) for e in items], sort_keys=True, default=str)
+    key = (attr, tuple(id(e.item) for e in items), params)
+    cache = kb.__dict__.setdefault("_durable_rulesets", {})
+    hit = cache.get(key)
+    if hit is not None and hit[1] in _REGISTERED:
+        return hit[1]
+    name = _compile_and_register(kb, items, attr)
+    cache[key] = ([e.item for e in items], name)
+    return name
+
+
+def _compile_and_register(kb, items, attr: str) -> str:
     definition: dict[str, dict] = {}
     meta: dict[str, tuple[str, list[str]]] = {}
     for i, entry in enumerate(items):

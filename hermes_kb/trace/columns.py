@@ -125,29 +125,46 @@ def dim3(values: list) -> np.ndarray:
 
 
 def call_tree(tid: np.ndarray, ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Parent index and depth of each interval among those on the same thread (a stack walk in
-    start order, longer first at equal starts, so an enclosing op precedes what it encloses)."""
+    """Parent index and depth of each interval among those on the same thread: what a stack walk
+    in start order (longer first at equal starts, so an enclosing op precedes what it encloses)
+    gives, computed without the walk. Everything the walk has popped before reaching an interval
+    ended by its start, and the stack top is the latest interval still on the stack, so the parent
+    is the latest earlier interval on the thread that ends after this one starts: found for all at
+    once by descending a table of running maxima of the ends (blocks of 2^l), then depths by
+    pointer doubling. tests/test_reader_tiny.py checks it against the walk."""
     n = len(ts)
     if n == 0:
         return np.full(0, -1, dtype=np.int64), np.zeros(0, dtype=np.int32)
+    ts = np.asarray(ts, dtype=np.float64)
+    end = np.asarray(end, dtype=np.float64)
     order = np.lexsort((-(end - ts), ts, tid))
-    tid_l, ts_l, end_l, order_l = tid[order].tolist(), ts[order].tolist(), end[order].tolist(), order.tolist()
-    par = [-1] * n
-    dep = [0] * n
-    stack: list[int] = []
-    prev_tid = None
-    for k in range(n):
-        t = tid_l[k]
-        if t != prev_tid:
-            stack.clear()
-            prev_tid = t
-        start = ts_l[k]
-        while stack and end_l[stack[-1]] <= start:
-            stack.pop()
-        if stack:
-            top = order_l[stack[-1]]
-            me = order_l[k]
-            par[me] = top
-            dep[me] = dep[top] + 1
-        stack.append(k)
-    return np.array(par, dtype=np.int64), np.array(dep, dtype=np.int32)
+    e, s, t = end[order], ts[order], np.asarray(tid)[order]
+    idx = np.arange(n)
+    first = np.ones(n, dtype=bool)
+    first[1:] = t[1:] != t[:-1]
+    thread_start = np.maximum.accumulate(np.where(first, idx, 0))
+    latest = [e]  # latest[l][i]: the latest end among positions i - 2^l + 1 .. i
+    while (1 << len(latest)) <= n:
+        prev, span = latest[-1], 1 << (len(latest) - 1)
+        nxt = prev.copy()
+        nxt[span:] = np.maximum(prev[span:], prev[:-span])
+        latest.append(nxt)
+    # from the interval before, skip back over blocks that all ended by this start, largest first,
+    # never past the thread's first interval
+    pos = idx - 1
+    for lvl in range(len(latest) - 1, -1, -1):
+        size = 1 << lvl
+        cand = np.flatnonzero(pos - size + 1 >= thread_start)
+        p = pos[cand]
+        skip = latest[lvl][p] <= s[cand]
+        pos[cand[skip]] = p[skip] - size
+    has = pos >= thread_start
+    has[has] = e[pos[has]] > s[has]
+    par = np.full(n, -1, dtype=np.int64)
+    par[order[has]] = order[pos[has]]
+    up = np.append(np.where(par >= 0, par, n), n)  # n: above the root
+    dep = np.append((par >= 0).astype(np.int64), 0)
+    while (up[:n] != n).any():
+        dep = dep + dep[up]
+        up = up[up]
+    return par, dep[:n].astype(np.int32)

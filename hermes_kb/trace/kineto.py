@@ -10,6 +10,7 @@ rank on the bundle's common origin.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import pickle
@@ -264,7 +265,15 @@ def _build_split(raws: list[msgspec.Raw], path: str) -> _Builders:
     copy-on-write) while this process builds the first half, then merge."""
     mid = (len(raws) // 2 // CHUNK) * CHUNK or len(raws) // 2
     rfd, wfd = os.pipe()
-    pid = os.fork()
+    # the child's collections would otherwise walk every object this process holds (garbage an
+    # earlier analysis left included): 0.43 s against 0.36 s for the load right after an advise
+    pid = -1
+    gc.freeze()
+    try:
+        pid = os.fork()
+    finally:
+        if pid != 0:
+            gc.unfreeze()
     if pid == 0:  # child: build, send the builders back, exit without running any cleanup
         os.close(rfd)
         try:
