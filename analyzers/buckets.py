@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -41,6 +42,7 @@ from hermes_kb.facts.buckets import BucketSearch
 
 from .comm import _issue_time
 from .context import RankContext
+from .io import name_mask
 
 MIB = 1024 * 1024
 FIRST_BUCKET_BYTES = 1 * MIB  # DDP's dist._DEFAULT_FIRST_BUCKET_BYTES: the first bucket (in ready order)
@@ -52,6 +54,7 @@ CURVE_MB = (1, 5, 10, 25, 50, 100, 200)
 TIE_RATIO = 0.01
 TIE_US_PER_STEP = 10.0
 BACKWARD_PREFIX = "autograd::engine::evaluate_function:"
+_BACKWARD_RE = re.compile("^" + re.escape(BACKWARD_PREFIX))
 ACCUMULATE_TOP = "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"
 ACCUMULATE_INNER = "torch::autograd::AccumulateGrad"
 GRAD_KINDS = ("all_reduce", "reduce_scatter")
@@ -343,7 +346,8 @@ def _gradients(ctx: RankContext) -> pd.DataFrame:
 def _backward_ends(ctx: RankContext) -> dict[int, float]:
     """Per analysed step, the end of its last backward operator on the host."""
     ops = ctx.trace.cpu_ops
-    top = ops[(ops["depth"].to_numpy() == 0) & ops["name"].astype(str).str.startswith(BACKWARD_PREFIX).to_numpy()]
+    top = ops[ops["depth"].to_numpy() == 0]
+    top = top[name_mask(top["name"], _BACKWARD_RE)]
     if not len(top):
         return {}
     st = ctx.step_of(top["ts"].to_numpy(float))

@@ -75,6 +75,7 @@ from .compute import (
     tensor_core_kind,
 )
 from .context import RankContext
+from .io import name_mask
 from .flops import DTYPES
 from .whatif_sets import WhatIfSet, register
 
@@ -104,6 +105,7 @@ _CAST_NAMES = ("bfloat16_copy_kernel", "float16_copy_kernel", "half_copy_kernel"
 # a template argument (before the parameter list) that is double, or a double-precision GEMM
 _FP64 = re.compile(r"<[^()]*\bdouble\b|dgemm|_d884gemm|_d16816gemm|\bdmma\b|zgemm")
 _ALIGN = re.compile(r"_align(\d+)\b")
+_CHECKPOINT_FRAME = re.compile(re.escape("torch/utils/checkpoint.py"))
 # ATen's generic (non-vectorised) launch: an OffsetCalculator per operand, used for strided,
 # broadcast or cast-on-the-fly operands (not vectorized_/unrolled_elementwise_kernel)
 _LEGACY = re.compile(r"(^|[\s:])elementwise_kernel<")
@@ -680,7 +682,7 @@ def _recompute(ctx: RankContext, act: _Acts, k: _Acts, launcher: np.ndarray | No
     if not kr.any():
         return []
     py = ctx.trace.python
-    frames = int(py["name"].astype(str).str.contains("torch/utils/checkpoint.py", regex=False).sum()) if len(py) else 0
+    frames = int(name_mask(py["name"], _CHECKPOINT_FRAME).sum()) if len(py) else 0
     rt = float(k.dur[kr].sum())
     ft = float(k.dur[kf].sum())
     comp = float(act.dur[act.cls != _COMM].sum())

@@ -297,15 +297,15 @@ def critical_chain(m: SimModel) -> Chain:
     root = 2 * int(m.last_members[np.argmax(en[m.last_members])])
     # states from the root while their time is after the first step's start (pointer doubling)
     seq = np.array([root], dtype=np.int64)
-    jumps = [nxt]
+    jump = nxt  # nxt applied 2^k times; one level kept (a fresh 1.6 MB array a level cost page faults)
     k = 0
     while True:
-        tail = seq[1:]
-        if (tail == stop).any() or (time[tail] <= first).any() or len(seq) > 2 * n:
+        new = seq[(len(seq) + 1) // 2:] if k else seq[1:]  # the states the last doubling added
+        if (new == stop).any() or (time[new] <= first).any() or len(seq) > 2 * n:
             break
-        while len(jumps) <= k:
-            jumps.append(jumps[-1][jumps[-1]])
-        seq = np.concatenate([seq, jumps[k][seq]])
+        if k:
+            jump = jump[jump]
+        seq = np.concatenate([seq, jump[seq]])
         k += 1
     cut = (seq == stop) | (time[seq] <= first)
     cut[0] = False
