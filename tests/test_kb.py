@@ -45,6 +45,29 @@ def test_durable_and_python_agree_on_real_facts():
     assert a.cases, "the example's data-loader case must fire"
 
 
+@pytest.mark.skipif(not durable_available(), reason="durable-rules not importable here")
+def test_durable_holds_only_the_kinds_its_patterns_name(monkeypatch):
+    """Facts of a kind no pattern names are not asserted (they match nothing): the same matches
+    as the Python evaluator, which sees every fact, with fewer facts in the engine."""
+    from hermes_kb.analysis import analyze
+    from hermes_kb.kb import durable_engine
+    from hermes_kb.kb.conditions import compile_patterns
+
+    kb = load_kb()
+    facts = analyze(ROOT / "examples/traces/cpu_dataloader_bound.json.gz")
+    host = durable_engine._host()
+    seen: list[str] = []
+    real = host.assert_fact
+    monkeypatch.setattr(host, "assert_fact", lambda name, msg: seen.append(msg["kind"]) or real(name, msg))
+    b = infer(kb, facts, "durable")
+    a = infer(kb, facts, "python")
+    assert [m.key() for m in a.cases] == [m.key() for m in b.cases] and a.cases
+    named = {p.kind for e in (*kb.active_rules(), *kb.active_cases())
+             for p in compile_patterns(getattr(e.item, "when", None) or getattr(e.item, "conditions", None))}
+    assert seen and set(seen) <= named
+    assert "whatif" not in seen and len(seen) < 2 * len(facts)  # every fact twice (rules, then cases) before
+
+
 def _write(tmp: Path, rel: str, text: str) -> Path:
     p = tmp / rel
     p.parent.mkdir(parents=True, exist_ok=True)
