@@ -192,3 +192,31 @@ def test_kb_cli_commands():
     assert ex.returncode == 0 and "C-IO-001 FIRES" in ex.stdout and "iterator == 'single_process': 6/6 pass" in ex.stdout
     missing = run("show", "C-NOPE-999")
     assert missing.returncode != 0 and "no rule or case" in missing.stderr
+
+
+@pytest.mark.skipif(not durable_available(), reason="durable-rules not importable here")
+def test_rank_local_items_run_a_group_of_ranks_at_a_time(monkeypatch, shared):
+    """On a large job the rules and cases whose bindings all join on rank see a group of ranks at
+    a time: the same matches as one run over every fact, and as the Python evaluator."""
+    from hermes_kb.analysis import analyze
+    from hermes_kb.kb import durable_engine
+
+    kb = load_kb()
+    facts = analyze(shared / "param/dlrm_kineto_8rank", max_workers=1)
+    whole = infer(kb, facts, "durable")
+    groups: list[int] = []
+    real = durable_engine._fire
+
+    def counted(host, name, group, sid):
+        groups.append(len(group))
+        return real(host, name, group, sid)
+
+    monkeypatch.setattr(durable_engine, "PARTITION_MIN_FACTS", 10)
+    monkeypatch.setattr(durable_engine, "PARTITION_RANKS", 3)
+    monkeypatch.setattr(durable_engine, "_fire", counted)
+    parted = infer(kb, facts, "durable")
+    python = infer(kb, facts, "python")
+    assert len(groups) >= 2 * (1 + 3)  # rules and cases: all facts once, then groups of 3, 3, 2 ranks (+ rankless)
+    for m in ("bottlenecks", "cases"):
+        assert [x.key() for x in getattr(parted, m)] == [x.key() for x in getattr(whole, m)] == [x.key() for x in getattr(python, m)]
+    assert parted.cases
