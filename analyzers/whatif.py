@@ -489,6 +489,7 @@ def per_rank(ctx: RankContext) -> list[Fact]:
                     if shared >= 0.01 * crit:
                         overlaps[other] = shared
         nodes = np.flatnonzero(r > 0)
+        top = nodes[np.argsort(-r[nodes])][:20]
         fact = WhatIf(
             rank=ctx.rank, target=name, description=s.description, drop_waits=s.drop_waits,
             own_us=own, critical_us=min(crit, own), step_us=step_us, replay_base_us=base, profiler_host_scale=h,
@@ -496,8 +497,8 @@ def per_rank(ctx: RankContext) -> list[Fact]:
             removed_half_us=0.5 * crit, removed_all_us=crit, removed_all_ratio=min(1.0, crit / step_us) if step_us > 0 else 0.0,
             nodes_count=int(len(nodes)), critical_overlaps_us=overlaps, linked=linked, replayed=False,
             evidence=Evidence(
-                time_ranges_us=[(float(g.start[i]), float(g.end[i])) for i in nodes[np.argsort(-r[nodes])][:3]],
-                events=list(dict.fromkeys(g.names[int(g.name[i])] for i in nodes[np.argsort(-r[nodes])][:20]))[:5],
+                time_ranges_us=[(float(g.start[i]), float(g.end[i])) for i in top[:3]],
+                events=list(dict.fromkeys(g.names[int(g.name[i])] for i in top))[:5],
                 note="dependency-graph replay with the set's events shortened (docs/analysis/whatif.md)",
             ),
         )  # fmt: skip

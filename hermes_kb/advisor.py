@@ -225,7 +225,7 @@ def _gain(case: Case, m: Match, step_means: dict, whatif: dict, bds: dict,
     r = _value(m, g.removes)
     if r is None:
         return None
-    rank = m.bindings.get(g.removes.binding, {}).get("rank")
+    rank = _gain_rank(case, m)
     lo_f, hi_f = g.fraction
     if g.fraction_from is not None:
         f_lo, f_hi = (_value(m, ref) for ref in g.fraction_from)
@@ -325,6 +325,32 @@ def findings_from(inf: Inference, kb: KnowledgeBase, platform: str) -> list[Find
     return merge_findings(findings, _whatif_index(inf))
 
 
+def _considered(inf: Inference, cases: dict[str, Case], platform: str) -> dict[str, list[Match]]:
+    """The case matches the advisor turns into findings: per case, those for this platform."""
+    by_case: dict[str, list[Match]] = defaultdict(list)
+    for m in inf.cases:
+        case = cases[m.item_id]
+        if case.hardware != "any" and case.hardware != platform:
+            continue
+        by_case[m.item_id].append(m)
+    return by_case
+
+
+def _gain_rank(case: Case, m: Match) -> Any:
+    """The rank a match's gain is computed on: that of the binding whose time the fix removes."""
+    return m.bindings.get(case.gain.removes.binding, {}).get("rank")
+
+
+def whatif_targets(inf: Inference, kb: KnowledgeBase, platform: str) -> set[tuple[Any, str]]:
+    """(rank, what-if set) of every considered match whose gain replays a set (what
+    whatif_on_demand.replay_needed replays); a job-wide match (no rank) names none, as _gain
+    looks the set up by rank."""
+    cases = {e.item.id: e.item for e in kb.cases}
+    return {(_gain_rank(cases[cid], m), cases[cid].gain.whatif.target)
+            for cid, ms in _considered(inf, cases, platform).items() if cases[cid].gain.whatif is not None
+            for m in ms}  # fmt: skip
+
+
 def _findings(inf: Inference, kb: KnowledgeBase, platform: str) -> tuple[list[Finding], dict[str, list[_MatchGain]]]:
     """One finding per case, and per case the gains of its matches (for the combined replay)."""
     cases = {e.item.id: e.item for e in kb.cases}
@@ -332,12 +358,7 @@ def _findings(inf: Inference, kb: KnowledgeBase, platform: str) -> tuple[list[Fi
     step_means = _mean_step(windows)
     whatif = _whatif_index(inf)
     bds = _breakdowns(inf.facts)
-    by_case: dict[str, list[Match]] = defaultdict(list)
-    for m in inf.cases:
-        case = cases[m.item_id]
-        if case.hardware != "any" and case.hardware != platform:
-            continue
-        by_case[m.item_id].append(m)
+    by_case = _considered(inf, cases, platform)
     findings: list[Finding] = []
     plans: dict[str, list[_MatchGain]] = {}
     for case_id, matches in by_case.items():
@@ -613,7 +634,7 @@ def advise_bundle_full(
     inf = infer(kb, facts, engine)
     stage("findings and gains")
     platform = _platform(bundle)
-    facts = replay_needed(inf, kb, platform, facts, replay)
+    facts = replay_needed(inf, facts, replay, whatif_targets(inf, kb, platform))
     findings, combined, left = diagnose(inf, kb, platform, replay, rank=rank, top=top)
     warnings = [f"skipped {p.message}" for p in bundle.problems] + list(bundle.warnings)
     warnings += [f"analyzer {f.analyzer} failed on rank {f.rank}: {f.message}" for f in facts if f.kind == "analyzer_error"]

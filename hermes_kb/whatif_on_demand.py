@@ -13,45 +13,29 @@ from typing import Any
 
 from .facts.base import Fact
 from .kb.engine import Inference, flatten
-from .kb.loader import KnowledgeBase
 
 
-def targets_needed(inf: Inference, kb: KnowledgeBase, platform: str) -> set[tuple[Any, str]]:
-    """(rank, what-if set) of every case match whose gain replays a set; a job-wide match (no
-    rank on its binding) names none, as the advisor's gain looks it up by rank."""
-    cases = {e.item.id: e.item for e in kb.cases}
-    out: set[tuple[Any, str]] = set()
-    for m in inf.cases:
-        case = cases.get(m.item_id)
-        if case is None or case.gain is None or case.gain.whatif is None:
-            continue
-        if case.hardware != "any" and case.hardware != platform:
-            continue
-        rank = m.bindings.get(case.gain.removes.binding, {}).get("rank")
-        out.add((rank, case.gain.whatif.target))
-    return out
-
-
-def replay_needed(inf: Inference, kb: KnowledgeBase, platform: str, facts: list[Fact],
-                  replay: Mapping[Any, Any]) -> list[Fact]:  # fmt: skip
-    """Replay what the matched cases need on the ranks whose replays were deferred; the facts list
-    (and the inference's copies of those facts) updated in place of the bounds. Returns the list."""
+def replay_needed(inf: Inference, facts: list[Fact], replay: Mapping[Any, Any],
+                  targets: set[tuple[Any, str]]) -> list[Fact]:  # fmt: skip
+    """Replay ``targets`` ((rank, set), advisor.whatif_targets: what the matched cases' gains
+    name) on the ranks whose replays were deferred; the facts list (and the inference's copies of
+    those facts) updated in place of the bounds. Returns the list."""
     from .analyzers.whatif import replay_targets
 
     deferred = {r: s for r, s in replay.items() if getattr(s, "deferred", False)}
     if not deferred:
         return facts
     wanted: dict[Any, set[str]] = {}
-    for rank, target in targets_needed(inf, kb, platform):
+    for rank, target in targets:
         if rank in deferred:
             wanted.setdefault(rank, set()).add(target)
     if not wanted:
         return facts
     have = {(f.rank, f.target): f for f in facts if f.kind == "whatif"}
     new: dict[int, Fact] = {}  # id(old fact) -> replayed fact
-    for rank, targets in sorted(wanted.items(), key=lambda kv: str(kv[0])):
+    for rank, names in sorted(wanted.items(), key=lambda kv: str(kv[0])):
         state = deferred[rank]
-        mine = {t: have[(rank, t)] for t in sorted(targets) if (rank, t) in have}
+        mine = {t: have[(rank, t)] for t in sorted(names) if (rank, t) in have}
         for t, fact in replay_targets(state.model, state.amounts, state.drop_waits, state.critical or {}, mine).items():
             new[id(mine[t])] = fact
     if not new:
@@ -65,4 +49,4 @@ def replay_needed(inf: Inference, kb: KnowledgeBase, platform: str, facts: list[
     return [new.get(id(f), f) for f in facts]
 
 
-__all__ = ["replay_needed", "targets_needed"]
+__all__ = ["replay_needed"]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from conftest import in_fresh_process
+
 from hermes_kb import workers
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")

@@ -334,8 +334,9 @@ def _partitions(items, facts: list[dict[str, Any]], attr: str) -> list[tuple[lis
     items on groups of PARTITION_RANKS ranks (and the facts without a rank as one more group)."""
     if len(facts) < PARTITION_MIN_FACTS:
         return [(list(items), [facts])]
-    local = [e for e in items if _rank_local(getattr(e.item, attr))]
-    spread = [e for e in items if not _rank_local(getattr(e.item, attr))]
+    is_local = [_rank_local(getattr(e.item, attr)) for e in items]
+    local = [e for e, yes in zip(items, is_local) if yes]
+    spread = [e for e, yes in zip(items, is_local) if not yes]
     by_rank: dict[Any, list[dict[str, Any]]] = {}
     for f in facts:
         by_rank.setdefault(f.get("rank"), []).append(f)
