@@ -50,30 +50,42 @@ def test_records_steps_data_wait_gc_and_a_fluctuation(tmp_path):
 
 def test_data_wait_cpu_time_tells_in_process_loading_from_waiting():
     # a loader that computes its batch in the process (busy 6 ms) against one that blocks (sleeps
-    # 6 ms, as on a worker queue): the same data wait, CPU time only in the first
+    # 6 ms, as on a worker queue): the same data wait, CPU time only in the first. The monitor reads
+    # the process's CPU clock, which also counts other threads: the loaders run in a new interpreter,
+    # since threads an earlier test started (Dask's) stay in this one and would tick that clock.
     import tempfile
 
-    def busy():
-        for i in range(12):
-            t = time.process_time()
-            while time.process_time() - t < 0.006:
-                pass
-            yield i
+    from conftest import in_fresh_process
 
-    def blocked():
-        for i in range(12):
-            time.sleep(0.006)
-            yield i
+    got = json.loads(in_fresh_process("""
+        import json, tempfile, time
+        from pathlib import Path
+        from hermes_kb.monitor import Monitor
 
-    got = {}
-    for name, loader in (("busy", busy), ("blocked", blocked)):
-        with tempfile.TemporaryDirectory() as d:
-            with Monitor(d, rank=0, flops=False) as mon:
-                for _ in mon.wrap(loader()):
-                    mon.step()
-            steps = [json.loads(x) for x in (Path(d) / "rank0.jsonl").read_text().splitlines()][1:-1]
-        got[name] = steps
-    assert all(s["data_wait_cpu_s"] >= 0.005 and s["data_wait_s"] >= 0.006 for s in got["busy"])
+        def busy():
+            for i in range(12):
+                t, w = time.thread_time(), time.perf_counter()
+                # this thread's CPU and the wall clock both 6 ms on, however the machine shares its cores
+                while time.thread_time() - t < 0.006 or time.perf_counter() - w < 0.006:
+                    pass
+                yield i
+
+        def blocked():
+            for i in range(12):
+                time.sleep(0.006)
+                yield i
+
+        got = {}
+        for name, loader in (("busy", busy), ("blocked", blocked)):
+            with tempfile.TemporaryDirectory() as d:
+                with Monitor(d, rank=0, flops=False) as mon:
+                    for _ in mon.wrap(loader()):
+                        mon.step()
+                got[name] = [json.loads(x) for x in (Path(d) / "rank0.jsonl").read_text().splitlines()][1:-1]
+        print(json.dumps(got))
+    """))
+    assert len(got["busy"]) >= 10 and len(got["blocked"]) >= 10
+    assert all(s["data_wait_cpu_s"] >= 0.006 and s["data_wait_s"] >= 0.006 for s in got["busy"])
     assert all(s["data_wait_cpu_s"] < 0.002 and s["data_wait_s"] >= 0.006 for s in got["blocked"])
     # a step without wrap() records no data-wait CPU at all (unknown, not zero)
     with tempfile.TemporaryDirectory() as d:

@@ -457,6 +457,15 @@ def _check_scenario(run: Path, steps: int, gloo: bool) -> None:
     assert any(x.startswith("monitor: rank 1: automatic capture (slowest rank): slowest rank of domain") for x in w)
 
 
+def _free_port() -> int:
+    """A port no one listens on now (a fixed one can be held by another run on the machine)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _run_twice(make, check) -> None:
     """A real 2-process run on a shared 2-core machine: one retry when the machine's load broke the
     timing the run depends on (the first failure is shown if the retry fails too)."""
@@ -471,8 +480,9 @@ def test_real_two_process_run_catches_slow_steps_and_slow_rank(tmp_path):
 
     def make(k: int) -> Path:
         run = tmp_path / f"run{k}"
-        subprocess.run([sys.executable, str(ROOT / "benchmarks/monitor_triggers.py"), str(run), "--steps", str(steps)],
-                       check=True, timeout=300)  # fmt: skip
+        out = subprocess.run([sys.executable, str(ROOT / "benchmarks/monitor_triggers.py"), str(run), "--steps", str(steps)],
+                             timeout=300)  # fmt: skip
+        assert out.returncode == 0, f"the scenario script exited {out.returncode} (its stderr is above)"
         return run
 
     _run_twice(make, lambda run: _check_scenario(run, steps, gloo=False))
@@ -484,8 +494,10 @@ def test_real_two_rank_gloo_run_catches_slow_steps_and_slow_rank(tmp_path):
 
     def make(k: int) -> Path:
         run = tmp_path / f"run{k}"
-        subprocess.run([sys.executable, str(ROOT / "benchmarks/monitor_triggers_gloo.py"), str(run), "--steps", str(steps),
-                        "--port", str(29561 + k)], check=True, timeout=500, capture_output=True)  # fmt: skip
+        out = subprocess.run([sys.executable, str(ROOT / "benchmarks/monitor_triggers_gloo.py"), str(run), "--steps",
+                              str(steps), "--port", str(_free_port())], timeout=500, capture_output=True, text=True)  # fmt: skip
+        # a failed run is retried once like a broken timing, and shows why it failed
+        assert out.returncode == 0, out.stderr[-3000:]
         return run
 
     def check(run: Path) -> None:
