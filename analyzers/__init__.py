@@ -21,6 +21,9 @@ from .steps import step_context
 PER_RANK = ["overlap", "critical_path", "io", "cpu", "dispatch", "pyframes", "compute", "kernels", "cpu_batch", "comm", "buckets", "fluctuation", "npu",
             "breakdown", "whatif"]
 CROSS_RANK = ["comm", "parallel", "fluctuation"]
+# the kinds of per-rank facts the cross-rank analyzers read (besides the ranks' digests): a
+# streamed job hands them only these (rank_stream.gather)
+CROSS_RANK_READS = frozenset({"pipeline_stage"})
 
 
 def _module(name: str):
@@ -71,4 +74,4 @@ def analyze_cross_rank(contexts: dict[int, RankContext], facts: list[Fact]) -> l
     return out
 
 
-__all__ = ["CROSS_RANK", "PER_RANK", "RankContext", "StepWindow", "analyze_cross_rank", "analyze_rank"]
+__all__ = ["CROSS_RANK", "CROSS_RANK_READS", "PER_RANK", "RankContext", "StepWindow", "analyze_cross_rank", "analyze_rank"]

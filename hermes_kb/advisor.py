@@ -30,6 +30,7 @@ from .kb.loader import KnowledgeBase, load_kb, load_overrides
 from .kb.models import Case
 from .kb.templates import BoundedSandbox
 from .analyzers.whatif import removed_at
+from .fact_store import of_kinds
 from .whatif_on_demand import replay_needed
 from .report import (
     SEVERITY_ORDER,
@@ -185,6 +186,29 @@ class _MatchGain:
         return us / self.per
 
 
+class _Overlaps(Mapping):
+    """A what-if fact's ``critical_overlaps_us``, read from the typed fact when first asked (a
+    streamed job's typed facts are on disk, and only the findings' ranks are ever asked)."""
+
+    def __init__(self, originals: Mapping, fact_id: Any) -> None:
+        self._originals, self._id, self._got = originals, fact_id, None
+
+    def _get(self) -> dict[str, float]:
+        if self._got is None:
+            orig = self._originals.get(self._id)
+            self._got = dict(getattr(orig, "critical_overlaps_us", None) or {})
+        return self._got
+
+    def __getitem__(self, key: str) -> float:
+        return self._get()[key]
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+
 def _whatif_index(inf: Inference) -> dict[tuple, dict[str, Any]]:
     """(rank, target) -> whatif fact; (rank, "*linked") -> one of the rank's facts when its graph
     is replayable (launch links, or no device). The engine's facts are flat (scalars only), so the
@@ -192,9 +216,7 @@ def _whatif_index(inf: Inference) -> dict[tuple, dict[str, Any]]:
     out: dict[tuple, dict[str, Any]] = {}
     for f in inf.facts:
         if f.get("kind") == "whatif":
-            orig = inf.originals.get(f.get("_id"))
-            overlaps = getattr(orig, "critical_overlaps_us", None)
-            f = {**f, "critical_overlaps_us": dict(overlaps)} if overlaps else f
+            f = {**f, "critical_overlaps_us": _Overlaps(inf.originals, f.get("_id"))}
             out[(f.get("rank"), f.get("target"))] = f
             if f.get("linked", True):
                 out[(f.get("rank"), "*linked")] = f
@@ -602,7 +624,7 @@ class Advised:
     HTML report, `hermes annotate` and `hermes diff` read them beside the report)."""
 
     report: Report
-    facts: list[Fact]
+    facts: Sequence[Fact]  # a list, or a streamed job's fact_store.SpilledFacts
     bundle: TraceBundle | None = None
     run: Any = None  # monitor.reader.RunLog for a RUN_DIR
 
@@ -637,8 +659,9 @@ def advise_bundle_full(
     facts = replay_needed(inf, facts, replay, whatif_targets(inf, kb, platform))
     findings, combined, left = diagnose(inf, kb, platform, replay, rank=rank, top=top)
     warnings = [f"skipped {p.message}" for p in bundle.problems] + list(bundle.warnings)
-    warnings += [f"analyzer {f.analyzer} failed on rank {f.rank}: {f.message}" for f in facts if f.kind == "analyzer_error"]
-    summary = _summary(bundle, facts)
+    warnings += [f"analyzer {f.analyzer} failed on rank {f.rank}: {f.message}"
+                 for f in of_kinds(facts, ("analyzer_error",))]  # fmt: skip
+    summary = _summary(bundle, of_kinds(facts, ("step_time", "step_breakdown")))
     if rank is not None:
         summary = [s for s in summary if s.rank == rank]
     report = Report(

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .errors import HermesError
-from .fact_compact import FactPool
+from .fact_store import SpilledFacts
 from .rank_stream import Progress, SpilledReplay, StreamedJob, analyse_rank_file, gather, settle
 
 CONNECT_TIMEOUT_S = 30
@@ -45,18 +45,18 @@ def analyse_on_dask(files: Sequence[str], address: str, progress: Progress | Non
         futures = client.map(analyse_rank_file, list(files), pure=False)
         place = {f.key: i for i, f in enumerate(futures)}
         results: list[Any] = [None] * len(files)
-        replay, pool = SpilledReplay(), FactPool()
+        replay, store = SpilledReplay(), SpilledFacts()
         for done, fut in enumerate(as_completed(futures, loop=client.loop), start=1):
             i = place[fut.key]
             try:
                 results[i] = fut.result()
             except Exception as exc:  # noqa: BLE001 - KilledWorker, a lost worker: this rank only
                 results[i] = exc
-            settle(results[i], i, replay, pool)
+            settle(results[i], i, replay, store)
             fut.release()
             if progress:
                 progress(done, len(files), files[i])
-        return gather(files, results, replay)
+        return gather(files, results, replay, store)
     finally:
         client.close()
 

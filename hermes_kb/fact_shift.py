@@ -15,7 +15,8 @@ from .facts.base import Evidence, Fact
 ABSOLUTE_FIELDS = frozenset({"start_us", "end_us"})
 
 
-def _absolute(name: str) -> bool:
+def absolute_field(name: str) -> bool:
+    """A field holding an absolute time (moved with the clock)."""
     return name in ABSOLUTE_FIELDS or name.endswith(("_start_us", "_end_us"))
 
 
@@ -28,7 +29,7 @@ def _shift_model(m: BaseModel, delta: float, seen: set[int]) -> None:
         return
     for name in type(m).model_fields:
         v = getattr(m, name)
-        if isinstance(v, float) and _absolute(name):
+        if isinstance(v, float) and absolute_field(name):
             setattr(m, name, v + delta)
         elif isinstance(v, BaseModel):
             _shift_model(v, delta, seen)
@@ -46,4 +47,4 @@ def shift_facts(facts: list[Fact], delta_us: float) -> None:
         _shift_model(f, delta_us, seen)
 
 
-__all__ = ["ABSOLUTE_FIELDS", "shift_facts"]
+__all__ = ["ABSOLUTE_FIELDS", "absolute_field", "shift_facts"]

@@ -2,9 +2,11 @@
 before the next is held; the cross-rank analyzers then run on the digests.
 
 Memory is bounded by the ranks in flight (one per worker) plus what every rank leaves behind:
-its facts, its digest (analyzers/rank_digest.py, kilobytes) and its what-if replay state, which
-is spilled to a temporary directory (replay_store.py, numbers only) and read back only for the
-ranks the combined gain replays.
+the flat copies of its facts the rules engine reads (~80 kB a DLRM rank) and its digest
+(analyzers/rank_digest.py, kilobytes). Its typed facts are spilled to a temporary file as the
+rank arrives (fact_store.py, JSON) and decoded again only where the report needs them; its
+what-if replay state is spilled to a temporary directory (replay_store.py, numbers only) and read
+back only for the ranks the combined gain replays.
 
 The per-rank stage runs through an executor: the local forked pool (hermes_kb/workers.py, a
 dead worker costs its own rank) or a Dask cluster (hermes_kb/dask_ranks.py). Both hand back the
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import BadTraceError, NoTracesError
-from .fact_compact import FactPool
+from .fact_store import SpilledFacts
 from .replay_store import SpilledReplay, pack
 from .facts.base import Fact
 from .trace.bundle import LoadProblem, TraceBundle, TraceMeta
@@ -45,9 +47,10 @@ class RankOutcome:
     steps_count: int
     has_device: bool
     warnings: list[str]
-    facts: list[Fact]
+    facts: list[Fact]  # emptied once spilled (``settle``)
     digest: Any  # analyzers.rank_digest.RankDigest, on the rank's own clock
     replay: bytes | None  # analysis.ReplayState as replay_store.pack writes it; None when the rank has none
+    block: int | None = None  # its facts' block in the job's SpilledFacts, once spilled
 
 
 @dataclass
@@ -70,10 +73,10 @@ class RankStub:
 
 @dataclass
 class StreamedJob:
-    """A job analysed rank by rank: every rank's facts then the job-wide ones, the replay states
-    (spilled), and a frameless bundle for the advisor."""
+    """A job analysed rank by rank: every rank's facts then the job-wide ones (spilled, the flat
+    copies in memory), the replay states (spilled), and a frameless bundle for the advisor."""
 
-    facts: list[Fact]
+    facts: SpilledFacts
     replay: SpilledReplay
     bundle: TraceBundle
     notes: list[str] = field(default_factory=list)  # what the report should say about the run itself
@@ -124,14 +127,6 @@ def _assign(outcomes: list[RankOutcome]) -> list[str]:
     return number_ranks([(o.meta, o.rank_hint, o.rank_source) for o in outcomes])
 
 
-def _renumber(o: RankOutcome, analysed_as: int) -> None:
-    """Facts made under the rank number the worker guessed, moved to the final one."""
-    if o.meta.rank == analysed_as:
-        return
-    for f in o.facts:
-        if f.rank == analysed_as:
-            f.rank = o.meta.rank
-    o.digest.rank = o.meta.rank
 
 
 def _file_note(o: RankOutcome, warning: str) -> str:
@@ -141,10 +136,11 @@ def _file_note(o: RankOutcome, warning: str) -> str:
 
 
 def gather(files: Sequence[str], results: Sequence[RankOutcome | LoadProblem | BaseException],
-           replay: SpilledReplay) -> StreamedJob:  # fmt: skip
+           replay: SpilledReplay, store: SpilledFacts | None = None) -> StreamedJob:  # fmt: skip
     """The cross-rank stage on the outcomes of the per-rank one (any executor's, in file order)."""
-    from .analyzers import analyze_cross_rank
-    from .fact_shift import shift_facts
+    from .analyzers import CROSS_RANK_READS, analyze_cross_rank
+
+    store = store if store is not None else SpilledFacts()
 
     outcomes: list[RankOutcome] = []
     index: list[int] = []  # each outcome's place in ``files`` (its spilled replay's key)
@@ -164,26 +160,29 @@ def gather(files: Sequence[str], results: Sequence[RankOutcome | LoadProblem | B
         raise NoTracesError(f"none of the {len(files)} trace files could be loaded; first: {problems[0].message}")
     analysed_as = [o.meta.rank for o in outcomes]
     notes = _assign(outcomes)
+    was_of: dict[int, int] = {}
     for o, was, i in zip(outcomes, analysed_as, index):
-        _renumber(o, was)
+        was_of[id(o)] = was
+        o.digest.rank = o.meta.rank  # facts are renumbered as they are placed
+        if o.block is None:
+            o.block = store.spill(o.facts)
+            o.facts = []
         replay.rename(("file", i), o.meta.rank)
         notes.extend(_file_note(o, w) for w in o.warnings)
     origin = min(o.first_us for o in outcomes)
     outcomes.sort(key=lambda o: o.meta.rank)
     digests = {}
     stubs = {}
-    facts: list[Fact] = []
     for o in outcomes:
         delta = o.first_us - origin
         o.meta.origin_us = origin
         digests[o.meta.rank] = o.digest.shifted(delta)
-        shift_facts(o.facts, delta)
+        store.place(o.block, was_of[id(o)], o.meta.rank, delta)
         stubs[o.meta.rank] = RankStub(meta=o.meta, steps=range(o.steps_count), has_device=o.has_device,
                                       span=(o.span[0] + delta, o.span[1] + delta))  # fmt: skip
-        facts.extend(o.facts)
-    facts.extend(analyze_cross_rank(digests, facts))
+    store.add(analyze_cross_rank(digests, store.of_kinds(CROSS_RANK_READS)))
     bundle = TraceBundle(ranks=stubs, problems=problems, warnings=notes, origin_us=origin)  # type: ignore[arg-type]
-    return StreamedJob(facts=facts, replay=replay, bundle=bundle)
+    return StreamedJob(facts=store, replay=replay, bundle=bundle)
 
 
 def _why(res: Any) -> str:
@@ -194,35 +193,36 @@ def _why(res: Any) -> str:
     return f"{type(res).__name__}: {res}"
 
 
-def settle(res: Any, index: int, replay: SpilledReplay, pool: FactPool) -> None:
+def settle(res: Any, index: int, replay: SpilledReplay, store: SpilledFacts) -> None:
     """A finished rank made small as soon as it arrives: its replay state moved to disk (keyed
-    by the rank's place in the file list until ``gather`` knows its number), its facts sharing
-    what they have in common with the other ranks' (fact_compact.py)."""
+    by the rank's place in the file list until ``gather`` knows its number), its facts too
+    (fact_store.py; their flat copies stay)."""
     if not isinstance(res, RankOutcome):
         return
     if res.replay is not None:
         replay.put(("file", index), res.replay)
         res.replay = None
-    pool.compact(res.facts)
+    res.block = store.spill(res.facts)
+    res.facts = []
 
 
 def analyse_local(files: Sequence[str], workers: int, progress: Progress | None = None) -> StreamedJob:
     """Every rank through the local pool (``workers`` forked processes at a time)."""
     from .workers import run_each
 
-    replay, pool = SpilledReplay(), FactPool()
+    replay, store = SpilledReplay(), SpilledFacts()
     finished = 0
 
     def done(i: int, res: Any) -> None:
         nonlocal finished
         finished += 1
-        settle(res, i, replay, pool)
+        settle(res, i, replay, store)
         if progress:
             progress(finished, len(files), files[i])
 
     _preload()
     results = run_each(analyse_rank_file, [(f,) for f in files], workers, done)
-    return gather(files, results, replay)
+    return gather(files, results, replay, store)
 
 
 def _preload() -> None:

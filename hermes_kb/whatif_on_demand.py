@@ -22,6 +22,10 @@ def replay_needed(inf: Inference, facts: list[Fact], replay: Mapping[Any, Any],
     those facts) updated in place of the bounds. Returns the list."""
     from .analyzers.whatif import replay_targets
 
+    from .replay_store import SpilledReplay
+
+    if isinstance(replay, SpilledReplay):  # a streamed job's workers replay every set (and reading
+        return facts  # each rank's state back to ask would cost a file per rank)
     deferred = {r: s for r, s in replay.items() if getattr(s, "deferred", False)}
     if not deferred:
         return facts

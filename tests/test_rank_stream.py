@@ -139,24 +139,6 @@ def test_ranks_without_a_rank_number_are_numbered_by_file_order(tmp_path):
     assert _dumps(job.facts) == _dumps(analyze_with_replay(ref, max_workers=1)[0])
 
 
-def test_fact_pool_shares_what_ranks_have_in_common_and_changes_no_value():
-    from hermes_kb.fact_compact import FactPool
-
-    def rank_facts(rank: int) -> list[StepTime]:
-        ev = Evidence(time_ranges_us=[(0.0, 9.0)], events=["ProfilerStep#" + "3"], note="window " + "of step")
-        return [StepTime(rank=rank, step=3, evidence=ev, start_us=0.0, end_us=9.0, duration_us=9.0,
-                         cpu_duration_us=8.0)]  # fmt: skip
-
-    a, b = rank_facts(0), rank_facts(1)
-    before = _dumps(a) + _dumps(b)
-    pool = FactPool()
-    pool.compact(a)
-    pool.compact(b)
-    assert _dumps(a) + _dumps(b) == before
-    assert a[0].__pydantic_fields_set__ is b[0].__pydantic_fields_set__
-    assert a[0].evidence.note is b[0].evidence.note and a[0].evidence.events[0] is b[0].evidence.events[0]
-
-
 @needs_dlrm
 def test_a_replay_state_read_back_replays_as_the_original():
     import numpy as np

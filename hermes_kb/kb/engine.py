@@ -34,7 +34,7 @@ class Match:
 @dataclass
 class Inference:
     facts: list[dict[str, Any]]  # flat facts as the engines saw them (incl. derived bottlenecks)
-    originals: dict[int, Fact] = field(default_factory=dict)  # _id -> the typed fact
+    originals: Any = field(default_factory=dict)  # _id -> the typed fact (a mapping)
     bottlenecks: list[Match] = field(default_factory=list)  # rule matches
     cases: list[Match] = field(default_factory=list)  # case matches
     engine: str = "python"
@@ -134,8 +134,16 @@ def durable_available() -> bool:
 
 
 def infer(kb: KnowledgeBase, facts: Iterable[Fact | Mapping[str, Any]], engine: EngineName = "auto") -> Inference:
-    originals: dict[int, Fact] = {}
-    flat = prepare(facts, originals)
+    """``facts``: typed or flat facts, or a streamed job's store (fact_store.SpilledFacts), whose
+    flat copies are already prepared and whose typed facts are decoded only when asked for."""
+    from ..fact_store import SpilledFacts
+
+    originals: Any
+    if isinstance(facts, SpilledFacts):
+        flat, originals = facts.flat, facts.by_id()
+    else:
+        originals = {}
+        flat = prepare(facts, originals)
     use = engine
     if engine == "auto":
         use = "durable" if durable_available() else "python"

@@ -9,10 +9,13 @@ from typing import Any
 
 import numpy as np
 
+from ..fact_store import of_kinds
 from ..facts.base import Fact
 from ..report import PathOp, Report, SlowRank, StepPoint
 
 MAX_POINTS = 2000
+# the fact kinds read here
+DETAIL_KINDS = ("critical_path", "step_time_series", "monitor_slow_rank", "rank_imbalance", "comm_sync_wait")
 
 
 def _downsample(points: list[StepPoint], limit: int = MAX_POINTS) -> list[StepPoint]:
@@ -113,6 +116,7 @@ def with_details(report: Report, facts: list[Fact], run=None) -> Report:
     """A copy of ``report`` with the optional fields filled: per rank ``series``,
     ``critical_path_us`` and ``critical_path_ops``; ``slow_ranks``."""
     r = report.model_copy(deep=True)
+    facts = of_kinds(facts, DETAIL_KINDS)  # a streamed job's store decodes only these
     paths = {f.rank: f for f in facts if f.kind == "critical_path"}
     spikes = _spike_steps(facts)
     for s in r.summary:
