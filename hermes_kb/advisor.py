@@ -209,18 +209,60 @@ class _Overlaps(Mapping):
         return len(self._get())
 
 
-def _whatif_index(inf: Inference) -> dict[tuple, dict[str, Any]]:
+def _whatif_index(inf: Inference, kb: KnowledgeBase | None = None) -> Mapping[tuple, dict[str, Any]]:
     """(rank, target) -> whatif fact; (rank, "*linked") -> one of the rank's facts when its graph
     is replayable (launch links, or no device). The engine's facts are flat (scalars only), so the
     shared critical-path time per other set comes from the original fact."""
+    if inf.spilled is not None:
+        return _SpilledWhatif(inf, kb)
+    return _index_whatif(inf.facts, inf.originals)
+
+
+def _index_whatif(facts: list[dict[str, Any]], originals: Mapping) -> dict[tuple, dict[str, Any]]:
     out: dict[tuple, dict[str, Any]] = {}
-    for f in inf.facts:
+    for f in facts:
         if f.get("kind") == "whatif":
-            f = {**f, "critical_overlaps_us": _Overlaps(inf.originals, f.get("_id"))}
+            f = {**f, "critical_overlaps_us": _Overlaps(originals, f.get("_id"))}
             out[(f.get("rank"), f.get("target"))] = f
             if f.get("linked", True):
                 out[(f.get("rank"), "*linked")] = f
     return out
+
+
+class _SpilledWhatif(Mapping):
+    """``_whatif_index`` of a streamed job, a rank's entries read from the store when first
+    asked (the matches' ranks), keeping only the sets a case's gain names (and the rank's
+    "*linked" entry): a job can have thousands of ranks of ~30 what-if facts each."""
+
+    def __init__(self, inf: Inference, kb: KnowledgeBase | None) -> None:
+        self._inf = inf
+        self._targets = None if kb is None else {e.item.gain.whatif.target for e in kb.cases if e.item.gain.whatif}
+        self._ranks: dict[Any, dict[tuple, dict[str, Any]]] = {}
+
+    def _of(self, rank: Any) -> dict[tuple, dict[str, Any]]:
+        got = self._ranks.get(rank)
+        if got is None:
+            flats = [f for f in self._inf.spilled.rank_flats(rank) if f.get("kind") == "whatif"]
+            full = _index_whatif(flats, self._inf.originals)
+            keep = self._targets
+            got = self._ranks[rank] = full if keep is None else {k: v for k, v in full.items()
+                                                                if k[1] in keep or k[1] == "*linked"}  # fmt: skip
+        return got
+
+    def __getitem__(self, key: tuple) -> dict[str, Any]:
+        return self._of(key[0])[key]
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, tuple) and len(key) == 2 and key in self._of(key[0])
+
+    def __iter__(self):
+        raise TypeError("a streamed job's what-if index is looked up by (rank, set), not listed")
+
+    def __len__(self) -> int:
+        return len(self._inf.spilled.flats_of(("whatif",)))
+
+    def __bool__(self) -> bool:
+        return True
 
 
 def _breakdowns(facts: list[dict[str, Any]]) -> dict[int | None, dict[str, Any]]:
@@ -344,7 +386,7 @@ def _evidence(m: Match, inf: Inference) -> list[EvidenceItem]:
 def findings_from(inf: Inference, kb: KnowledgeBase, platform: str) -> list[Finding]:
     """Ranked findings; those claiming the same critical-path time as a better one nested in it."""
     findings, _ = _findings(inf, kb, platform)
-    return merge_findings(findings, _whatif_index(inf))
+    return merge_findings(findings, _whatif_index(inf, kb))
 
 
 def _considered(inf: Inference, cases: dict[str, Case], platform: str) -> dict[str, list[Match]]:
@@ -378,7 +420,7 @@ def _findings(inf: Inference, kb: KnowledgeBase, platform: str) -> tuple[list[Fi
     cases = {e.item.id: e.item for e in kb.cases}
     windows = _windows(inf.facts)
     step_means = _mean_step(windows)
-    whatif = _whatif_index(inf)
+    whatif = _whatif_index(inf, kb)
     bds = _breakdowns(inf.facts)
     by_case = _considered(inf, cases, platform)
     findings: list[Finding] = []
@@ -694,7 +736,7 @@ def diagnose(inf: Inference, kb: KnowledgeBase, platform: str, replay: dict, *, 
     """Findings ranked, nested where they claim the same time, filtered to a rank and cut to the
     first ``top``; the gain of the first fixes together; the bottlenecks no finding explains."""
     findings, plans = _findings(inf, kb, platform)
-    findings = merge_findings(findings, _whatif_index(inf))
+    findings = merge_findings(findings, _whatif_index(inf, kb))
     if rank is not None:
         findings = [f for f in findings if not f.ranks or rank in f.ranks]
         plans = {k: [g for g in v if g.rank in (rank, None)] for k, v in plans.items()}

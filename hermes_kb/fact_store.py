@@ -1,12 +1,14 @@
-"""A streamed job's facts on disk, rank by rank; in memory only the engine's flat copies.
+"""A streamed job's facts on disk, rank by rank: what stays in memory is a few array entries per
+fact.
 
-A rank's typed facts (pydantic models with their evidence, ~250 kB a DLRM rank in memory) are
-written as JSON to one unlinked temporary file as soon as the rank arrives from its worker and
-dropped; the flat scalars the rules engine reads (~80 kB a rank) stay. A typed fact is decoded
+A rank's typed facts (pydantic models with their evidence, ~250 kB a DLRM rank in memory) and
+their flat copies for the rules engine (the scalars, ~80 kB) are written as JSON to one unlinked
+temporary file as soon as the rank arrives from its worker, and dropped. The rules engine reads
+the flat copies back a group of ranks at a time (kb/spilled_inference.py); a typed fact is decoded
 again only when something asks for it: a matched fact's evidence and explanation, the few kinds
-the report reads for every rank (``of_kinds``), a what-if replay, or a full iteration (``hermes
-analyze``, tests). The file holds JSON only and is read back through the fact classes' own
-validation: nothing is unpickled.
+the report reads for every rank (``of_kinds``), or a full iteration (``hermes analyze``, tests).
+The file holds JSON only, read back through msgspec and the fact classes' own validation:
+nothing is unpickled.
 
 The rank's number and clock are final only once every rank has arrived (rank_stream.gather):
 ``place`` then renumbers and shifts the flat copies as ``fact_shift``/``flatten`` would have done
@@ -25,19 +27,25 @@ from collections.abc import Iterable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from .fact_shift import absolute_field, shift_facts
 from .facts.base import Fact
 from .kb.conditions import sanitize_number
 
 CACHE = 512  # decoded facts kept for repeated reads (a finding's evidence, then its explanation)
+FLAT_CACHE = 64  # ranks' flat copies kept for repeated reads (the what-if facts of a finding's ranks)
 
 
 @dataclass
 class _Block:
-    """One rank's spilled facts: where they start in the position arrays, how to finish them."""
+    """One rank's spilled facts: where they start in the position arrays, how to finish them,
+    where its flat copies are in the file."""
 
     first: int  # position of the block's first fact
     count: int
+    raw: tuple[int, int] = (0, 0)  # (offset, length) of its raw flat copies, until placed
+    flat: tuple[int, int] = (0, 0)  # (offset, length) of its finished flat copies of its own rank
     analysed_as: int | None = None  # the rank number the worker analysed under
     rank: int | None = None  # the final one
     delta: float = 0.0  # the rank's clock to the job's origin (µs)
@@ -46,13 +54,7 @@ class _Block:
 def _raw_flat(fact: Fact) -> dict[str, Any]:
     """``kb.engine.flatten`` before the move to the job's rank number and clock: scalars as they
     are (absolute times unsanitised, so that shifting first and sanitising after is exact)."""
-    out = {}
-    for k, v in fact.model_dump(exclude={"evidence"}).items():
-        if isinstance(v, (bool, str)):
-            out[k] = v
-        elif isinstance(v, (int, float)):
-            out[k] = v
-    return out
+    return {k: v for k, v in fact.model_dump(exclude={"evidence"}).items() if isinstance(v, (bool, str, int, float))}
 
 
 def _finish(raw: dict[str, Any], block: _Block) -> dict[str, Any]:
@@ -71,8 +73,15 @@ def _finish(raw: dict[str, Any], block: _Block) -> dict[str, Any]:
     return out
 
 
+def _rank_order(r: Any) -> tuple:
+    return (str(type(r)), r)
+
+
 class SpilledFacts(Sequence):
-    """Typed facts by position (the job's fact list), flat facts by ``_id`` (the engine's)."""
+    """Typed facts by position (the job's fact list); flat facts by ``_id`` (the engine's), read
+    a group of ranks at a time (``flat_groups``), by rank (``rank_flats``) or by kind
+    (``flats_of``). In memory: per fact a few array entries; the flat copies of facts that are
+    not their block's rank's (the cross-rank ones, a fact about another rank) whole."""
 
     def __init__(self) -> None:
         self._file = tempfile.TemporaryFile(prefix="hermes-facts-")  # unlinked: gone with the process
@@ -80,51 +89,65 @@ class SpilledFacts(Sequence):
         self._off = array("q")  # per position: where its JSON starts in the file (-1: held in memory)
         self._len = array("q")
         self._block = array("l")  # per position: its block (-1: none)
-        self._kind = array("l")  # per position: index in _kinds
+        self._kind = array("l")  # per position: index in _kind_names
         self._kinds: dict[str, int] = {}
         self._kind_names: list[str] = []
         self._blocks: list[_Block] = []
-        self._raw: dict[int, list[dict[str, Any]]] = {}  # block -> raw flat facts until placed
+        self._block_of_rank: dict[Any, int] = {}
         self._held: dict[int, Fact] = {}  # position -> a fact kept in memory (cross-rank ones, replays)
-        self._strings: dict[str, str] = {}
-        self.flat: list[dict[str, Any]] = []  # the engine's facts, numbered by _id
+        self.memory_flat: list[dict[str, Any]] = []  # flat copies not of their block's rank, by _id
         self._pos_of = array("q")  # _id -> position of the first fact with that flat copy
         self._order = array("q")  # the job's fact list: positions in placement (rank) order
         self._seen_rankless: set[tuple] = set()
         self._cache: OrderedDict[int, Fact] = OrderedDict()
+        self._flat_cache: OrderedDict[int, list[dict[str, Any]]] = OrderedDict()
         self._open = True
+
+    def _write(self, data: bytes) -> tuple[int, int]:
+        self._file.seek(0, os.SEEK_END)
+        self._file.write(data)
+        self._file.flush()  # read back with os.pread, past the buffer
+        at = self._end
+        self._end += len(data)
+        return at, len(data)
+
+    def _read(self, where: tuple[int, int]) -> bytes:
+        return os.pread(self._file.fileno(), where[1], where[0])
 
     # -- writing --------------------------------------------------------------------------
     def spill(self, facts: list[Fact]) -> int:
-        """Write one rank's facts; returns its block number (for ``place``)."""
+        """Write one rank's facts and their raw flat copies; returns its block number (for ``place``)."""
         first = len(self._off)
-        raws = []
         chunks = []
+        at = self._end
         for f in facts:
             data = f.model_dump_json().encode()
             chunks.append(data)
-            self._off.append(self._end)
+            self._off.append(at)
             self._len.append(len(data))
             self._block.append(len(self._blocks))
             self._kind.append(self._kind_index(f.kind))
-            self._end += len(data)
-            raws.append({k: (self._strings.setdefault(v, v) if isinstance(v, str) else v)
-                         for k, v in _raw_flat(f).items()})  # fmt: skip
-        self._file.seek(0, os.SEEK_END)
-        self._file.write(b"".join(chunks))
-        self._file.flush()  # read back with os.pread, past the buffer
-        self._blocks.append(_Block(first=first, count=len(facts)))
-        self._raw[len(self._blocks) - 1] = raws
+            at += len(data)
+        self._write(b"".join(chunks))
+        raw = self._write(msgspec.json.encode([_raw_flat(f) for f in facts]))
+        self._blocks.append(_Block(first=first, count=len(facts), raw=raw))
         return len(self._blocks) - 1
 
     def place(self, block: int, analysed_as: int | None, rank: int | None, delta: float) -> None:
-        """A block's final rank number and clock; its flat facts join the engine's list."""
+        """A block's final rank number and clock; its flat copies numbered (the engine's _id) and
+        written back, those of another rank than the block's kept in memory."""
         b = self._blocks[block]
         b.analysed_as, b.rank, b.delta = analysed_as, rank, delta
         seen: set[tuple] = set()
         self._order.extend(range(b.first, b.first + b.count))
-        for i, raw in enumerate(self._raw.pop(block)):
-            self._number(_finish(raw, b), b.first + i, seen)
+        own = []
+        for i, raw in enumerate(msgspec.json.decode(self._read(b.raw))):
+            flat = _finish(raw, b)
+            if self._number(flat, b.first + i, seen):
+                (own if "rank" in flat and flat["rank"] == rank else self.memory_flat).append(flat)
+        b.flat = self._write(msgspec.json.encode(own))
+        b.raw = (0, 0)
+        self._block_of_rank[rank] = block
 
     def add(self, facts: Iterable[Fact]) -> None:
         """Facts kept in memory (the cross-rank ones, made from the digests after every rank)."""
@@ -139,17 +162,75 @@ class SpilledFacts(Sequence):
             self._kind.append(self._kind_index(f.kind))
             self._held[pos] = f
             self._order.append(pos)
-            self._number(flatten(f), pos, seen)
+            flat = flatten(f)
+            if self._number(flat, pos, seen):
+                self.memory_flat.append(flat)
 
-    def _number(self, flat: dict[str, Any], pos: int, seen: set[tuple]) -> None:
+    def _number(self, flat: dict[str, Any], pos: int, seen: set[tuple]) -> bool:
         key = tuple(sorted(flat.items()))
         where = seen if "rank" in flat else self._seen_rankless
         if key in where:
-            return
+            return False
         where.add(key)
-        flat["_id"] = len(self.flat)
+        flat["_id"] = len(self._pos_of)
         self._pos_of.append(pos)
-        self.flat.append(flat)
+        return True
+
+    # -- flat copies ------------------------------------------------------------------------
+    @property
+    def n_ids(self) -> int:
+        """How many flat copies (the engine's facts) there are: _id 0 .. n_ids - 1."""
+        return len(self._pos_of)
+
+    def _own_flats(self, block: int) -> list[dict[str, Any]]:
+        got = self._flat_cache.get(block)
+        if got is None:
+            got = self._flat_cache[block] = msgspec.json.decode(self._read(self._blocks[block].flat))
+            if len(self._flat_cache) > FLAT_CACHE:
+                self._flat_cache.popitem(last=False)
+        else:
+            self._flat_cache.move_to_end(block)
+        return got
+
+    def _memory_by_rank(self) -> dict[Any, list[dict[str, Any]]]:
+        out: dict[Any, list[dict[str, Any]]] = {}
+        for f in self.memory_flat:
+            out.setdefault(f.get("rank"), []).append(f)
+        return out
+
+    def rank_flats(self, rank: Any) -> list[dict[str, Any]]:
+        """The flat copies carrying this rank number (None: those without one), by _id."""
+        mine = [f for f in self.memory_flat if f.get("rank") == rank]
+        block = self._block_of_rank.get(rank) if rank is not None else None
+        if block is None:
+            return mine
+        return sorted(self._own_flats(block) + mine, key=lambda f: f["_id"])
+
+    def flat_groups(self, size: int) -> Iterator[tuple[frozenset, list[dict[str, Any]]]]:
+        """(rank numbers, their flat copies) for ``size`` ranks at a time in rank order, then the
+        facts without a rank: the groups ``kb.durable_engine`` makes of a large job's facts."""
+        memory = self._memory_by_rank()
+        ranks = sorted({*self._block_of_rank, *(r for r in memory if r is not None)}, key=_rank_order)
+        for i in range(0, len(ranks), size):
+            chunk = ranks[i:i + size]
+            out: list[dict[str, Any]] = []
+            for r in chunk:
+                block = self._block_of_rank.get(r)
+                own = msgspec.json.decode(self._read(self._blocks[block].flat)) if block is not None else []
+                extra = memory.get(r, [])
+                out.extend(sorted(own + extra, key=lambda f: f["_id"]) if extra else own)
+            yield frozenset(chunk), out
+        if None in memory:
+            yield frozenset([None]), memory[None]
+
+    def flats_of(self, kinds: Iterable[str]) -> list[dict[str, Any]]:
+        """Every flat copy of these kinds, by _id (one read of every rank's block)."""
+        want = set(kinds)
+        out = [f for f in self.memory_flat if f.get("kind") in want]
+        for b in self._blocks:
+            if b.flat[1]:
+                out.extend(f for f in msgspec.json.decode(self._read(b.flat)) if f.get("kind") in want)
+        return sorted(out, key=lambda f: f["_id"])
 
     # -- reading --------------------------------------------------------------------------
     def _decode(self, pos: int, data: bytes | None = None) -> Fact:

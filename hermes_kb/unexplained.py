@@ -111,7 +111,8 @@ def unexplained(inf: Inference, kb: KnowledgeBase, findings: list[Finding], plat
         emitted = {r.emit.component for r, _ in items}
         pool = {c.id: c for c in cases
                 if emitted & binds[c.id] or (emitted & set(STEP_COMPONENTS) and _case_component(c) == comp)}  # fmt: skip
-        scored = sorted(((*_why(kb, c, inf.facts, rank0, every), c) for c in pool.values()),
+        mine = inf.rank_facts(rank0)
+        scored = sorted(((*_why(kb, c, mine, rank0, every), c) for c in pool.values()),
                         key=lambda x: (-x[0], x[2].id))  # fmt: skip
         times = [b["time_us"] / max(1, steps_of[b.get("rank")])
                  for _, b in lead if isinstance(b.get("time_us"), (int, float))]  # fmt: skip

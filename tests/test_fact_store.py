@@ -65,7 +65,14 @@ def test_spilled_facts_read_back_renumbered_shifted_and_flattened_as_in_memory()
 
     originals: dict = {}
     flat = prepare(ref, originals)
-    assert store.flat == flat
+    assert store.flats_of({"step_time", "analyzer_error"}) == flat and store.n_ids == len(flat)
+    # by rank, and a group of ranks at a time (the rank-less ones last), as the engine reads them
+    assert store.rank_flats(1) == [f for f in flat if f.get("rank") == 1]
+    assert store.rank_flats(None) == [f for f in flat if "rank" not in f]
+    assert list(store.flat_groups(1)) == [(frozenset([0]), [f for f in flat if f.get("rank") == 0]),
+                                         (frozenset([1]), [f for f in flat if f.get("rank") == 1]),
+                                         (frozenset([None]), [f for f in flat if "rank" not in f])]  # fmt: skip
+    assert [(sorted(r), len(g)) for r, g in store.flat_groups(64)] == [([0, 1], 6), ([None], 2)]
     # the duplicate is flattened once; the rank-less fact of both ranks once for the job
     assert len(flat) == 8 and flat[4]["rank"] == 1 and flat[4]["step"] == 3
     # a flat start below 1e-4 is 0.0; shifted first, it is not
@@ -118,3 +125,31 @@ def test_a_report_from_the_store_equals_one_from_the_fact_list():
         job.replay.close()
     assert a.report.findings, "DLRM's 8 ranks have findings"
     assert with_details(a.report, a.facts).model_dump_json() == with_details(b.report, b.facts).model_dump_json()
+
+
+@needs_dlrm
+@pytest.mark.parametrize("engine", ["durable", "python"])
+def test_inference_a_group_of_ranks_at_a_time_equals_one_on_every_fact(monkeypatch, engine):
+    # groups of 3 of the 8 DLRM ranks (plus the job-wide facts): the matches of the whole list
+    from hermes_kb import rank_stream
+    from hermes_kb.advisor import knowledge_base
+    from hermes_kb.kb import durable_engine
+    from hermes_kb.kb.engine import durable_available, infer
+    from hermes_kb.trace import discover
+
+    if engine == "durable" and not durable_available():
+        pytest.skip("durable-rules is not importable here")
+    monkeypatch.setattr(durable_engine, "PARTITION_RANKS", 3)
+    kb = knowledge_base(None)
+    job = rank_stream.analyse_files(discover(str(DLRM)), workers=1)
+    job.replay.close()
+    spilled = infer(kb, job.facts, engine)
+    whole = infer(kb, list(job.facts), engine)
+    assert len(list(job.facts.flat_groups(3))) == 4  # ranks 0-2, 3-5, 6-7, then the rank-less facts
+    assert spilled.cases and [m.key() for m in spilled.cases] == [m.key() for m in whole.cases]
+    assert [m.bindings for m in spilled.cases] == [m.bindings for m in whole.cases]
+    assert [m.bindings for m in spilled.bottlenecks] == [m.bindings for m in whole.bottlenecks]
+    # what the advisor reads for every rank is there; a rank's facts as the whole list has them
+    kinds = {f["kind"] for f in spilled.facts}
+    assert {"step_time", "step_breakdown", "bottleneck"} <= kinds and "whatif" not in kinds
+    assert spilled.rank_facts(5) == whole.rank_facts(5)

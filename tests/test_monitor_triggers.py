@@ -298,11 +298,29 @@ def test_device_peak_from_hermes_tables():
 # -- the monitor, one process
 
 
-def test_sustained_drop_is_captured(tmp_path):
+class _SteppedClock:
+    """The recorder's ``time`` module with ``perf_counter`` moved by the test: step times exactly
+    as planned, whatever else the machine runs (a loaded CI box stretched real sleeps)."""
+
+    def __init__(self) -> None:
+        self.t = time.perf_counter()
+
+    def perf_counter(self) -> float:
+        return self.t
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+def test_sustained_drop_is_captured(tmp_path, monkeypatch):
+    from hermes_kb.monitor import recorder
+
+    clock = _SteppedClock()
+    monkeypatch.setattr(recorder, "time", clock)
     calls: list[str] = []
     with Monitor(tmp_path, rank=0, warmup=10, poll_s=5, profiler_factory=lambda: FakeProfiler(calls)) as mon:
         for i in range(170):
-            time.sleep(0.005 if i < 70 else 0.008)  # 200 steps/s, then 125: -37.5%
+            clock.t += 0.005 if i < 70 else 0.008  # 200 steps/s, then 125: -37.5%
             mon.step()
     notes = _lines(tmp_path / "rank0.monitor.jsonl")
     (drop,) = [x for x in notes if x["type"] == "trigger" and x["kind"] == "throughput_drop"]

@@ -38,6 +38,19 @@ class Inference:
     bottlenecks: list[Match] = field(default_factory=list)  # rule matches
     cases: list[Match] = field(default_factory=list)  # case matches
     engine: str = "python"
+    # a streamed job's store (fact_store.SpilledFacts): ``facts`` then holds only the kinds read
+    # for every rank (kb/spilled_inference.py); a rank's facts and the rest are read from here
+    spilled: Any = None
+
+    def rank_facts(self, rank: Any) -> list[dict[str, Any]]:
+        """The flat facts of one rank and those without a rank (derived bottlenecks included)."""
+        if self.spilled is None:
+            return [f for f in self.facts if f.get("rank") in (rank, None)]
+        mine = {f["_id"]: f for r in {rank, None} for f in self.spilled.rank_flats(r)}
+        for f in self.facts:
+            if f.get("rank") in (rank, None):
+                mine.setdefault(f["_id"], f)
+        return [mine[i] for i in sorted(mine)]
 
 
 def flatten(fact: Fact | Mapping[str, Any]) -> dict[str, Any]:
@@ -138,12 +151,6 @@ def infer(kb: KnowledgeBase, facts: Iterable[Fact | Mapping[str, Any]], engine: 
     flat copies are already prepared and whose typed facts are decoded only when asked for."""
     from ..fact_store import SpilledFacts
 
-    originals: Any
-    if isinstance(facts, SpilledFacts):
-        flat, originals = facts.flat, facts.by_id()
-    else:
-        originals = {}
-        flat = prepare(facts, originals)
     use = engine
     if engine == "auto":
         use = "durable" if durable_available() else "python"
@@ -156,6 +163,12 @@ def infer(kb: KnowledgeBase, facts: Iterable[Fact | Mapping[str, Any]], engine: 
         def run(kb_, items, facts_, attr):
             return python_matches(items, facts_, kb_, attr)
 
+    if isinstance(facts, SpilledFacts):
+        from .spilled_inference import infer_spilled
+
+        return infer_spilled(kb, facts, run, use)
+    originals: dict[int, Fact] = {}
+    flat = prepare(facts, originals)
     rule_matches = run(kb, kb.active_rules(), flat, "when")
     derived = derive_bottlenecks(kb, rule_matches, len(flat), originals)
     all_facts = flat + derived
