@@ -204,6 +204,10 @@ def settle(res: Any, index: int, replay: SpilledReplay, store: SpilledFacts) -> 
         res.replay = None
     res.block = store.spill(res.facts)
     res.facts = []
+    # every rank of a job has the same devices: one copy of their properties (~8 kB a rank)
+    props = res.meta.device_properties
+    if props:
+        res.meta.device_properties = store.shared(props)
 
 
 def analyse_local(files: Sequence[str], workers: int, progress: Progress | None = None) -> StreamedJob:

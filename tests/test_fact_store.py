@@ -92,7 +92,7 @@ def test_spilled_facts_read_back_renumbered_shifted_and_flattened_as_in_memory()
     by_id[4] = _step(1, 3, 1.0, 99.0)
     assert by_id[4].duration_us == 99.0 and store[5].duration_us == 99.0
     by_id[len(flat)] = cross[0]
-    assert by_id[len(flat)] is cross[0] and len(by_id) == len(flat) + 1
+    assert by_id[len(flat)] == cross[0] and len(by_id) == len(flat) + 1
     with pytest.raises(KeyError):
         by_id[len(flat) + 1]
     store.close()

@@ -386,6 +386,13 @@ def _fire(host, name: str, facts: list[dict[str, Any]], sid: str) -> tuple[list,
         _ERRORS.clear()
 
 
+def _given(by_id: dict[Any, dict], bound: dict[str, Any]) -> dict[str, Any]:
+    """The fact as it was given rather than durable-rules' copy of it, when they are equal: a
+    fact bound by many matches (a rank's step breakdown) is then held once, not once a match."""
+    mine = by_id.get(bound.get("_id"))
+    return mine if mine == bound else bound
+
+
 def run(kb, items, facts: list[dict[str, Any]], attr: str):
     """Matches of ``items`` (rules or cases) on ``facts`` (flat, with _id)."""
     from .engine import Match
@@ -409,11 +416,14 @@ def run(kb, items, facts: list[dict[str, Any]], attr: str):
     if errors:
         raise EngineError("an action failed inside durable-rules: " + "; ".join(errors[:3]))
     by_kind: dict[str, list[dict]] = {}
+    by_id: dict[Any, dict] = {}
     for f in facts:
         by_kind.setdefault(f.get("kind", ""), []).append(f)
+        by_id[f.get("_id")] = f
     out = {}
     for item_id, bound, post in fired:
-        clean = {k: {kk: vv for kk, vv in v.items() if kk != "sid" and not kk.startswith("_re")} for k, v in bound.items()}
+        clean = {k: _given(by_id, {kk: vv for kk, vv in v.items() if kk != "sid" and not kk.startswith("_re")})
+                 for k, v in bound.items()}  # fmt: skip
         params = {k: sanitize_number(v) for k, v in kb.params[item_id].items()}
         if not post.keep(clean, by_kind, params):
             continue
