@@ -1,12 +1,12 @@
 """Per-rank work streams: each rank is read, analysed to its facts and digest, and released
 before the next is held; the cross-rank analyzers then run on the digests.
 
-Memory is bounded by the ranks in flight (one per worker) plus what every rank leaves behind:
-the flat copies of its facts the rules engine reads (~80 kB a DLRM rank) and its digest
-(analyzers/rank_digest.py, kilobytes). Its typed facts are spilled to a temporary file as the
-rank arrives (fact_store.py, JSON) and decoded again only where the report needs them; its
-what-if replay state is spilled to a temporary directory (replay_store.py, numbers only) and read
-back only for the ranks the combined gain replays.
+Memory is bounded by the ranks in flight (one per worker) plus what every rank leaves behind in
+this process: its digest (analyzers/rank_digest.py, kilobytes) and metadata. Its facts, typed and
+flat, go to a temporary file as the rank arrives (fact_store.py, JSON): the rules engine reads
+them back a group of ranks at a time and the report decodes only what it shows. Its what-if
+replay state is spilled to a temporary directory (replay_store.py, numbers only) and read back
+only for the ranks the combined gain replays.
 
 The per-rank stage runs through an executor: the local forked pool (hermes_kb/workers.py, a
 dead worker costs its own rank) or a Dask cluster (hermes_kb/dask_ranks.py). Both hand back the
@@ -73,8 +73,8 @@ class RankStub:
 
 @dataclass
 class StreamedJob:
-    """A job analysed rank by rank: every rank's facts then the job-wide ones (spilled, the flat
-    copies in memory), the replay states (spilled), and a frameless bundle for the advisor."""
+    """A job analysed rank by rank: every rank's facts then the job-wide ones (on disk but for the
+    job-wide ones), the replay states (spilled), and a frameless bundle for the advisor."""
 
     facts: SpilledFacts
     replay: SpilledReplay
@@ -127,8 +127,6 @@ def _assign(outcomes: list[RankOutcome]) -> list[str]:
     return number_ranks([(o.meta, o.rank_hint, o.rank_source) for o in outcomes])
 
 
-
-
 def _file_note(o: RankOutcome, warning: str) -> str:
     from .trace.loader import _names_a_file
 
@@ -160,9 +158,7 @@ def gather(files: Sequence[str], results: Sequence[RankOutcome | LoadProblem | B
         raise NoTracesError(f"none of the {len(files)} trace files could be loaded; first: {problems[0].message}")
     analysed_as = [o.meta.rank for o in outcomes]
     notes = _assign(outcomes)
-    was_of: dict[int, int] = {}
-    for o, was, i in zip(outcomes, analysed_as, index):
-        was_of[id(o)] = was
+    for o, i in zip(outcomes, index):
         o.digest.rank = o.meta.rank  # facts are renumbered as they are placed
         if o.block is None:
             o.block = store.spill(o.facts)
@@ -170,14 +166,13 @@ def gather(files: Sequence[str], results: Sequence[RankOutcome | LoadProblem | B
         replay.rename(("file", i), o.meta.rank)
         notes.extend(_file_note(o, w) for w in o.warnings)
     origin = min(o.first_us for o in outcomes)
-    outcomes.sort(key=lambda o: o.meta.rank)
     digests = {}
     stubs = {}
-    for o in outcomes:
+    for o, was in sorted(zip(outcomes, analysed_as), key=lambda p: p[0].meta.rank):
         delta = o.first_us - origin
         o.meta.origin_us = origin
         digests[o.meta.rank] = o.digest.shifted(delta)
-        store.place(o.block, was_of[id(o)], o.meta.rank, delta)
+        store.place(o.block, was, o.meta.rank, delta)
         stubs[o.meta.rank] = RankStub(meta=o.meta, steps=range(o.steps_count), has_device=o.has_device,
                                       span=(o.span[0] + delta, o.span[1] + delta))  # fmt: skip
     store.add(analyze_cross_rank(digests, store.of_kinds(CROSS_RANK_READS)))

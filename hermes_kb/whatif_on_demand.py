@@ -21,7 +21,6 @@ def replay_needed(inf: Inference, facts: list[Fact], replay: Mapping[Any, Any],
     name) on the ranks whose replays were deferred; the facts list (and the inference's copies of
     those facts) updated in place of the bounds. Returns the list."""
     from .analyzers.whatif import replay_targets
-
     from .replay_store import SpilledReplay
 
     if isinstance(replay, SpilledReplay):  # a streamed job's workers replay every set (and reading
