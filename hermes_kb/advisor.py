@@ -258,11 +258,8 @@ class _SpilledWhatif(Mapping):
     def __iter__(self):
         raise TypeError("a streamed job's what-if index is looked up by (rank, set), not listed")
 
-    def __len__(self) -> int:
-        return len(self._inf.spilled.flats_of(("whatif",)))
-
-    def __bool__(self) -> bool:
-        return True
+    def __len__(self) -> int:  # only its truth is asked for (merge_findings)
+        return self._inf.spilled.count("whatif")
 
 
 def _breakdowns(facts: list[dict[str, Any]]) -> dict[int | None, dict[str, Any]]:

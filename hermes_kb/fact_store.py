@@ -32,6 +32,7 @@ import msgspec
 from .fact_shift import absolute_field, shift_facts
 from .facts.base import Fact
 from .kb.conditions import sanitize_number
+from .kb.engine import flatten, scalars
 
 CACHE = 512  # decoded facts kept for repeated reads (a finding's evidence, then its explanation)
 FLAT_CACHE = 64  # ranks' flat copies kept for repeated reads (the what-if facts of a finding's ranks)
@@ -49,12 +50,6 @@ class _Block:
     analysed_as: int | None = None  # the rank number the worker analysed under
     rank: int | None = None  # the final one
     delta: float = 0.0  # the rank's clock to the job's origin (µs)
-
-
-def _raw_flat(fact: Fact) -> dict[str, Any]:
-    """``kb.engine.flatten`` before the move to the job's rank number and clock: scalars as they
-    are (absolute times unsanitised, so that shifting first and sanitising after is exact)."""
-    return {k: v for k, v in fact.model_dump(exclude={"evidence"}).items() if isinstance(v, (bool, str, int, float))}
 
 
 def _finish(raw: dict[str, Any], block: _Block) -> dict[str, Any]:
@@ -130,7 +125,8 @@ class SpilledFacts(Sequence):
             self._kind.append(self._kind_index(f.kind))
             at += len(data)
         self._write(b"".join(chunks))
-        raw = self._write(msgspec.json.encode([_raw_flat(f) for f in facts]))
+        # unsanitised: the move to the job's clock is added first, as flatten saw it before
+        raw = self._write(msgspec.json.encode([scalars(f) for f in facts]))
         self._blocks.append(_Block(first=first, count=len(facts), raw=raw))
         return len(self._blocks) - 1
 
@@ -152,8 +148,6 @@ class SpilledFacts(Sequence):
 
     def add(self, facts: Iterable[Fact]) -> None:
         """Facts kept in memory (the cross-rank ones, made from the digests after every rank)."""
-        from .kb.engine import flatten
-
         seen: set[tuple] = set()
         for f in facts:
             pos = len(self._off)
@@ -298,6 +292,11 @@ class SpilledFacts(Sequence):
             i = self._kinds[kind] = len(self._kind_names)
             self._kind_names.append(kind)
         return i
+
+    def count(self, kind: str) -> int:
+        """How many facts of this kind the job has (duplicates included), decoding none."""
+        i = self._kinds.get(kind)
+        return 0 if i is None else sum(1 for pos in self._order if self._kind[pos] == i)
 
     def of_kinds(self, kinds: Iterable[str]) -> list[Fact]:
         """The typed facts of these kinds, in order, decoding only those."""

@@ -134,11 +134,9 @@ def _file_note(o: RankOutcome, warning: str) -> str:
 
 
 def gather(files: Sequence[str], results: Sequence[RankOutcome | LoadProblem | BaseException],
-           replay: SpilledReplay, store: SpilledFacts | None = None) -> StreamedJob:  # fmt: skip
+           replay: SpilledReplay, store: SpilledFacts) -> StreamedJob:  # fmt: skip
     """The cross-rank stage on the outcomes of the per-rank one (any executor's, in file order)."""
     from .analyzers import CROSS_RANK_READS, analyze_cross_rank
-
-    store = store if store is not None else SpilledFacts()
 
     outcomes: list[RankOutcome] = []
     index: list[int] = []  # each outcome's place in ``files`` (its spilled replay's key)

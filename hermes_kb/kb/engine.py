@@ -53,17 +53,21 @@ class Inference:
         return [mine[i] for i in sorted(mine)]
 
 
+def scalars(fact: Fact | Mapping[str, Any]) -> dict[str, Any]:
+    """The scalar fields of a fact as they are (``flatten`` before its numbers are sanitised)."""
+    data = fact.model_dump(exclude={"evidence"}) if isinstance(fact, Fact) else dict(fact)
+    return {k: v for k, v in data.items() if isinstance(v, (bool, str, int, float))}
+
+
 def flatten(fact: Fact | Mapping[str, Any]) -> dict[str, Any]:
     """The scalar fields of a fact, numbers sanitised, nulls dropped (missing = null)."""
-    data = fact.model_dump(exclude={"evidence"}) if isinstance(fact, Fact) else dict(fact)
     out = {}
-    for k, v in data.items():
-        if isinstance(v, (bool, str)):
-            out[k] = v
-        elif isinstance(v, (int, float)):
+    for k, v in scalars(fact).items():
+        if not isinstance(v, (bool, str)):
             v = sanitize_number(v)
-            if v is not None:
-                out[k] = v
+            if v is None:
+                continue
+        out[k] = v
     return out
 
 
