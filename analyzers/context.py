@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,15 +25,78 @@ class StepWindow:
         return self.end_us - self.start_us
 
 
+class UndeclaredKeyError(KeyError):
+    """An analyzer used a ``ctx.shared`` key its registry entry does not declare (a bug)."""
+
+
+class Shared(dict):
+    """``ctx.shared``: what one analyzer hands to those after it. While an analyzer runs, only
+    the keys its registry entry declares (hermes_kb/analysis/registry.py: ``reads`` and
+    ``gives``) can be read or written; anything else raises, so the declared order is the real
+    one. Outside the runner (tests, tools that call an analyzer directly) every key is open."""
+
+    __slots__ = ("_allowed", "_who")
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._allowed: frozenset[str] | None = None
+        self._who = ""
+
+    def __reduce__(self):  # pickled as a plain mapping of its items (forked workers send contexts back)
+        return (Shared, (dict(self),))
+
+    def _check(self, key: Any) -> None:
+        if self._allowed is not None and key not in self._allowed:
+            raise UndeclaredKeyError(f"analyzer {self._who!r} used ctx.shared[{key!r}], which "
+                                     "hermes_kb/analysis/registry.py does not declare for it")  # fmt: skip
+
+    @contextmanager
+    def only(self, who: str, keys: frozenset[str]) -> Iterator[None]:
+        self._allowed, self._who = keys, who
+        try:
+            yield
+        finally:
+            self._allowed, self._who = None, ""
+
+    def __getitem__(self, key: Any) -> Any:
+        self._check(key)
+        return super().__getitem__(key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._check(key)
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: Any) -> None:
+        self._check(key)
+        super().__delitem__(key)
+
+    def __contains__(self, key: object) -> bool:
+        self._check(key)
+        return super().__contains__(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self._check(key)
+        return super().get(key, default)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        self._check(key)
+        return super().setdefault(key, default)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        self._check(key)
+        return super().pop(key, *default)
+
+
 @dataclass
 class RankContext:
     trace: RankTrace
     windows: list[StepWindow]
     excluded_steps: list[int] = field(default_factory=list)
     step_source: str = "profiler_step"
-    # derived data one analyzer hands to those after it (PER_RANK order), e.g.
-    # shared["critical_path"][step] = DataFrame of the path's segments; see each analyzer's docs
-    shared: dict[str, Any] = field(default_factory=dict)
+    # derived data one analyzer hands to those after it, in the registry's order
+    # (hermes_kb/analysis/registry.py declares every key), e.g. shared["critical_path"][step] =
+    # DataFrame of the path's segments
+    shared: Shared = field(default_factory=Shared)
 
     @property
     def rank(self) -> int:

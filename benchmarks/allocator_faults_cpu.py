@@ -1,6 +1,6 @@
 """What page faults from glibc's malloc cost a CPU training step, and what keeping the memory saves.
 
-The measurement behind C-MON-012's gain range (cases/cpu/monitor_allocator_page_faults.yaml).
+The measurement behind C-MON-012's gain range (cases/cpu/C-MON-012-monitor-allocator-page-faults.yaml).
 The models of benchmarks/optimizer_impl_cpu.py, with AdamW for-loop and fused, each run in a
 fresh process under glibc's defaults, with the mmap and trim thresholds raised
 (MALLOC_MMAP_THRESHOLD_ / MALLOC_TRIM_THRESHOLD_), and, with --jemalloc PATH, with jemalloc

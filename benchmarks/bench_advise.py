@@ -58,7 +58,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import hermes_kb
-    from hermes_kb.analysis import analyze_bundle
+    from hermes_kb.analysis.run import analyze_bundle
     from hermes_kb.kb.engine import infer
 
     res: dict = {"trace": args.trace}
@@ -95,7 +95,7 @@ def main() -> None:
 
     ranks = hermes_kb.load(args.ranks_dir)
     facts = analyze_bundle(ranks)
-    from hermes_kb.advisor import knowledge_base
+    from hermes_kb.advisor.knowledge import knowledge_base
 
     kb = knowledge_base()
     infer(kb, facts, "durable")  # registration happens once per process

@@ -11,7 +11,7 @@ trace stretched by STRETCH from its first event, so its steps, compute and colle
 longer. Files are gzip level 1 (~90 kB each, ~180 MB for 2,048 ranks) in a temporary directory,
 removed after each size unless --keep.
 
-For each size and mode it runs what `hermes advise DIR --format json` runs (hermes_kb.pipeline.
+For each size and mode it runs what `hermes advise DIR --format json` runs (hermes_kb.advisor.run.
 advise_streamed, the report's details, the JSON) in a fresh process and reports
 wall time, time per rank, the hermes process's peak RSS and the largest worker's (forked workers
 share the parent's pages at fork, so a worker's RSS counts part of the parent's), and whether
@@ -49,8 +49,8 @@ cluster = None
 if mode == "dask":
     from distributed import LocalCluster
     cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
-from hermes_kb.advisor import knowledge_base
-from hermes_kb.pipeline import advise_streamed
+from hermes_kb.advisor.knowledge import knowledge_base
+from hermes_kb.advisor.run import advise_streamed
 from hermes_kb.render.details import with_details
 for attempt in range(12):  # loaded (and cached) first: a KB edited while the ranks are analysed cannot fail the run
     try:

@@ -89,7 +89,7 @@ class Outcome:
 
 @functools.lru_cache(maxsize=1)
 def _case_causes() -> dict[str, str]:
-    from hermes_kb.advisor import knowledge_base
+    from hermes_kb.advisor.knowledge import knowledge_base
 
     return {e.item.id: e.item.cause for e in knowledge_base().cases}
 

@@ -138,7 +138,7 @@ def answer(report) -> list:
 
 
 def classify_error(err: BaseException, case_dir: str) -> tuple[str, str]:
-    from hermes_kb.errors import HermesError
+    from hermes_kb.core.errors import HermesError
     from hermes_kb.kb.loader import KbError
 
     msg = str(err)
@@ -668,7 +668,7 @@ def _full_kb():
 
 def _example_facts():
     if not _FACTS:
-        from hermes_kb.analysis import analyze_with_replay
+        from hermes_kb.analysis.run import analyze_with_replay
         from hermes_kb.trace import load
 
         bundle = load(str(EXAMPLE))
@@ -732,7 +732,7 @@ def run_case(case: dict) -> dict:
 
 def _kb_call(what: str, cases: Path | None):
     def call(target: Path):
-        import hermes_kb.advisor as adv
+        import hermes_kb.advisor.run as adv
         from hermes_kb.kb.loader import load_kb, load_overrides
 
         if what == "config":

@@ -1,7 +1,7 @@
 """How much of a for-loop AdamW's step() time the foreach and fused implementations remove on CPU,
 and what the loop costs in page faults.
 
-The measurement behind C-CPU-027's gain range (cases/cpu/optimizer_per_parameter_loop.yaml).
+The measurement behind C-CPU-027's gain range (cases/cpu/C-CPU-027-optimizer-per-parameter-loop.yaml).
 Four model families, none of them a scenario of the zoo except the first (benchmarks/scenarios/):
 the small_batch scenario's MLP (1.6 M parameters, LayerNorm + GELU), a 3-layer CNN with batch
 norm on 32x32 images, a 2-layer transformer encoder (d=256, 4 heads) and a small language model

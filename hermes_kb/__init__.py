@@ -8,14 +8,18 @@ The stable Python API (see docs/api.md):
     report = hermes_kb.advise(bundle)               # -> Report (findings, expected speedups)
 
 Names are imported on first use, so that light parts (``hermes_kb.monitor``, the errors)
-import without pandas or the rules engine.
+import without pandas or the rules engine. The pipeline, one folder a stage, bottom to top
+(docs/architecture.md): core -> trace, facts, monitor -> analyzers -> analysis -> kb, scale
+-> advisor -> tools -> render -> cli.
 """
 
 from importlib import import_module
 
-from .errors import BadTraceError, HermesError, InputNotFoundError, NoTracesError
+from ._finder import install as _install_finder
+from .core.errors import BadTraceError, HermesError, InputNotFoundError, NoTracesError
+from .core.version import __version__
 
-__version__ = "0.1.0"
+_install_finder()
 
 _LAZY = {
     "advise": ("advisor", "advise"),
@@ -25,6 +29,7 @@ _LAZY = {
     "RankTrace": ("trace", "RankTrace"),
     "FACT_TYPES": ("facts", "FACT_TYPES"),
     "Fact": ("facts", "Fact"),
+    "Report": ("advisor.report", "Report"),
 }
 
 
@@ -45,6 +50,7 @@ __all__ = [
     "InputNotFoundError",
     "NoTracesError",
     "RankTrace",
+    "Report",
     "TraceBundle",
     "__version__",
     "advise",

@@ -7,7 +7,7 @@ import gzip
 import json
 from pathlib import Path
 
-from hermes_kb.report import PathOp, Report, SlowRank, StepPoint
+from hermes_kb.advisor.report import PathOp, Report, SlowRank, StepPoint
 
 MARK = "data-pwned"
 HTML_PAYLOADS = [

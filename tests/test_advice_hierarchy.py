@@ -12,7 +12,8 @@ import pytest
 
 import hermes_kb
 from conftest import SHARED, needs_shared
-from hermes_kb.advisor import diagnose, knowledge_base
+from hermes_kb.advisor.diagnose import diagnose
+from hermes_kb.advisor.knowledge import knowledge_base
 from hermes_kb.facts.breakdown import StepBreakdown
 from hermes_kb.kb.engine import infer
 from hermes_kb.kb.loader import KbError, load_kb
@@ -84,7 +85,7 @@ def test_a_bottleneck_no_case_explains_is_reported_with_its_candidates():
     assert u.tell_apart and len(u.candidates) >= 2
     assert all(c.why_not for c in u.candidates)
     assert {c.case_id for c in u.candidates} & {"C-CPU-001", "C-CPU-002", "C-CPU-003"}
-    report = hermes_kb.report.Report(hermes_version="t", inputs={"sources": [], "ranks": [0]}, summary=[],
+    report = hermes_kb.advisor.report.Report(hermes_version="t", inputs={"sources": [], "ranks": [0]}, summary=[],
                                      findings=findings, unexplained=left,
                                      kb={"rules": 1, "cases": 1, "engine": "python"})  # fmt: skip
     for text in (render_terminal_markup(report), render_markdown(report)):
@@ -127,7 +128,7 @@ def test_a_case_naming_an_unknown_whatif_target_does_not_load(tmp_path):
     rules, cases = L.kb_dirs()
     shutil.copytree(rules, tmp_path / "rules")
     shutil.copytree(cases, tmp_path / "cases")
-    p = tmp_path / "cases/io/single_process_loader_heavy_transform.yaml"
+    p = tmp_path / "cases/io/C-IO-001-single-process-loader-heavy-transform.yaml"
     p.write_text(p.read_text().replace("whatif: {target: dataloader,", "whatif: {target: dataloder,"))
     with pytest.raises(KbError) as err:
         load_kb(tmp_path / "rules", tmp_path / "cases")

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import hermes_kb
-from hermes_kb.advisor import severity_of
+from hermes_kb.advisor.findings import severity_of
 from hermes_kb.render.report import render_markdown
-from hermes_kb.report import Report
+from hermes_kb.advisor.report import Report
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples/traces/cpu_dataloader_bound.json.gz"
@@ -104,7 +104,7 @@ def test_profile_only_finding_is_shown_whatever_its_speedup():
     path = SHARED / "hta/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz"
     if not path.exists():
         pytest.skip("needs ../shared/data")
-    from hermes_kb.advisor import advise
+    from hermes_kb.advisor.run import advise
 
     report = advise(path)
     first = report.findings[0]

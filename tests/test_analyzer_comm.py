@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 import hermes_kb
-from analyzers import comm
-from analyzers.steps import step_context
+from hermes_kb.analyzers.comm.comm import comm
+from hermes_kb.analyzers.timeline.steps import step_context
 from conftest import ROOT, X, kineto_traces, needs_shared, write_trace
+from hermes_kb.analysis.rank import digests_of
 
 MIB = 1024 * 1024
 
@@ -240,7 +241,7 @@ def three_ranks(tmp_path, compute=(100, 200, 600)):
 
 def test_cross_rank_r_wait_by_hand(tmp_path):
     ctxs = three_ranks(tmp_path)
-    facts = comm.cross_rank(ctxs, [])
+    facts = comm.cross_rank(digests_of(ctxs), [])
     assert len(facts) == 1
     f = facts[0]
     assert (f.process_group, f.collective, f.group_ranks, f.matched_by) == (
@@ -273,14 +274,14 @@ def test_cross_rank_unmatched_instance_left_out(tmp_path):
     c = ctxs[2].trace.collectives
     ctxs[2].trace.collectives = c[c["ts"] < 1300].reset_index(drop=True)
     ctxs[2].shared.clear()
-    f = comm.cross_rank(ctxs, [])[0]
+    f = comm.cross_rank(digests_of(ctxs), [])[0]
     assert f.instances_count == 1 and f.unmatched_count == 1
     assert f.r_wait_mean_ratio == pytest.approx(1 / 3)
 
 
 def test_single_rank_has_no_cross_rank_fact(tmp_path):
     ctx, _ = step_context(one_rank_trace(tmp_path))
-    assert comm.cross_rank({0: ctx}, []) == []
+    assert comm.cross_rank(digests_of({0: ctx}), []) == []
 
 
 # ------------------------------------------------------------------ shared traces
@@ -302,14 +303,14 @@ def test_every_kineto_trace(path):
                 assert bins == f.sized_count <= f.collectives_count
             elif f.kind == "comm_summary":
                 assert f.comm_time_us <= f.analysed_us + 1e-6 or f.analysed_us == 0
-    for f in comm.cross_rank(ctxs, []):
+    for f in comm.cross_rank(digests_of(ctxs), []):
         assert f.r_wait_mean_ratio <= f.r_wait_max_ratio + 1e-12
 
 
 def test_dlrm_r_wait_matches_direct_computation(shared):
     bundle = hermes_kb.load(shared / "param" / "dlrm_kineto_8rank")
     ctxs = {r: step_context(bundle[r])[0] for r in bundle.rank_ids}
-    facts = {f.collective: f for f in comm.cross_rank(ctxs, [])}
+    facts = {f.collective: f for f in comm.cross_rank(digests_of(ctxs), [])}
     assert set(facts) == {"send_recv", "all_reduce"}
     for kind, f in facts.items():
         # every rank has the same collectives in the same order (one step): rows = ranks
@@ -406,7 +407,7 @@ def test_transfer_stall_after_arrival_by_hand(tmp_path):
         write_trace(tmp_path / f"rank{r}.json", ev, distributedInfo={"rank": r, "world_size": 2, "backend": "nccl"})
     bundle = hermes_kb.load(tmp_path)
     ctxs = {r: step_context(bundle[r])[0] for r in bundle.rank_ids}
-    stalls = {f.rank: f for f in comm.cross_rank(ctxs, []) if f.kind == "comm_transfer_stall"}
+    stalls = {f.rank: f for f in comm.cross_rank(digests_of(ctxs), []) if f.kind == "comm_transfer_stall"}
     assert sorted(stalls) == [0, 1]
     f0, f1 = stalls[0], stalls[1]
     for f in (f0, f1):
@@ -423,10 +424,11 @@ def test_transfer_stall_after_arrival_by_hand(tmp_path):
     assert f0.stalled_concurrent_us == pytest.approx(200.0) and f0.stalled_concurrent_ratio == pytest.approx(200 / 700)
     assert f1.stalled_concurrent_us == 0.0
     assert f0.evidence.time_ranges_us == [(400.0, 1100.0)]
-    # the same from the digests the streamed path hands over
-    from analyzers.rank_digest import as_digests
+    # the same from digests as the streamed path's workers send them (pickled, without the frames)
+    import pickle
 
-    again = {f.rank: f for f in comm.cross_rank(as_digests(ctxs), []) if f.kind == "comm_transfer_stall"}
+    again = {f.rank: f for f in comm.cross_rank(pickle.loads(pickle.dumps(digests_of(ctxs))), [])
+             if f.kind == "comm_transfer_stall"}  # fmt: skip
     assert again[0].excess_us == pytest.approx(650.0) and again[0].stalled_concurrent_us == pytest.approx(200.0)
 
 
@@ -440,7 +442,7 @@ def test_transfer_stall_needs_two_sized_instances(tmp_path):
         write_trace(tmp_path / f"rank{r}.json", ev, distributedInfo={"rank": r, "world_size": 2, "backend": "nccl"})
     bundle = hermes_kb.load(tmp_path)
     ctxs = {r: step_context(bundle[r])[0] for r in bundle.rank_ids}
-    assert not [f for f in comm.cross_rank(ctxs, []) if f.kind == "comm_transfer_stall"]
+    assert not [f for f in comm.cross_rank(digests_of(ctxs), []) if f.kind == "comm_transfer_stall"]
 
 
 def test_link_unknown_when_devices_per_node_not_recorded(tmp_path):
@@ -469,7 +471,7 @@ def test_transfer_stall_needs_comparable_clocks(tmp_path):
         write_trace(tmp_path / f"rank{r}.json", ev, distributedInfo={"rank": r, "world_size": 2, "backend": "nccl"})
     bundle = hermes_kb.load(tmp_path)
     ctxs = {r: step_context(bundle[r])[0] for r in bundle.rank_ids}
-    assert not [f for f in comm.cross_rank(ctxs, []) if f.kind == "comm_transfer_stall"]
+    assert not [f for f in comm.cross_rank(digests_of(ctxs), []) if f.kind == "comm_transfer_stall"]
 
 
 def test_all_to_all_split_imbalance_and_per_step_count(tmp_path):

@@ -10,12 +10,12 @@ import math
 import pytest
 
 import hermes_kb
-from analyzers import _guarded
-from analyzers import compute as C
-from analyzers.flops import op_cost
-from analyzers.steps import step_context
+from hermes_kb.analysis.rank import _guarded
+from hermes_kb.analyzers.compute.compute import compute as C
+from hermes_kb.analyzers.compute.flops import op_cost
+from hermes_kb.analyzers.timeline.steps import step_context
 from conftest import EXAMPLE, X, kineto_traces, write_trace
-from hermes_kb.devices import DEVICES, lookup
+from hermes_kb.core.devices import DEVICES, lookup
 from hermes_kb.facts.steps import AnalyzerError
 
 H100 = [{"id": 0, "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85018279936, "computeMajor": 9,

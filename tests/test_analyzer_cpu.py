@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 import hermes_kb
-from analyzers import cpu as A
-from analyzers.io import MAX_STEP_FACTS
-from analyzers.steps import step_context
+from hermes_kb.analyzers.host import cpu as A
+from hermes_kb.analyzers.io.dataloader import MAX_STEP_FACTS
+from hermes_kb.analyzers.timeline.steps import step_context
 from conftest import EXAMPLE, SHARED, X, kineto_traces, needs_shared, write_trace
 
 

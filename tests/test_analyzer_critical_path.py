@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 import hermes_kb
-from analyzers import critical_path as A
-from analyzers.steps import step_context
+from hermes_kb.analyzers.timeline import critical_path as A
+from hermes_kb.analyzers.timeline.steps import step_context
 from conftest import SHARED, X, kineto_traces, needs_shared, write_trace
 from hermes_kb.facts.critical_path import CriticalPath, CriticalPathStep
 
@@ -361,7 +361,7 @@ def test_event_sync_waits_for_the_spin_kernel():
 
 @pytest.mark.parametrize("path", kineto_traces(), ids=lambda p: str(p.relative_to(SHARED))[:60])
 def test_real_traces_run_and_stay_sane(path):
-    from analyzers import _guarded
+    from hermes_kb.analysis.rank import _guarded
 
     bundle = hermes_kb.load(path)
     for trace in bundle:

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import hermes_kb
-from analyzers import compute as C
-from analyzers import dispatch as D
-from analyzers.steps import step_context
+from hermes_kb.analyzers.compute.compute import compute as C
+from hermes_kb.analyzers.host import dispatch as D
+from hermes_kb.analyzers.timeline.steps import step_context
 from conftest import X, write_trace
 
 SCENARIO = Path(__file__).resolve().parents[1] / "benchmarks" / "scenarios" / "recorded" / "dispatch_tiny_ops"

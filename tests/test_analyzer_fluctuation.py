@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 import hermes_kb
-from analyzers import fluctuation
-from analyzers.steps import step_context
+from hermes_kb.analyzers.timeline import fluctuation
+from hermes_kb.analyzers.timeline.steps import step_context
 from conftest import X, kineto_traces, needs_shared, write_trace
+from hermes_kb.analysis.rank import digests_of
 
 
 def test_statistics_and_spike_by_hand():
@@ -117,12 +118,12 @@ def test_job_series_is_the_per_step_max(tmp_path):
         write_trace(tmp_path / f"rank{r}.json", ev, distributedInfo={"rank": r, "world_size": 2})
     bundle = hermes_kb.load(tmp_path)
     ctxs = {r: step_context(bundle[r])[0] for r in bundle.rank_ids}
-    (job,) = fluctuation.cross_rank(ctxs, [])
+    (job,) = fluctuation.cross_rank(digests_of(ctxs), [])
     # common steps 1..3; max per step: 150, 200, 100
     assert job.rank is None and job.series == "job_max" and job.steps_count == 3
     assert (job.first_step, job.last_step) == (1, 3)
     assert job.mean_us == pytest.approx(150.0) and job.max_step == 2 and job.p50_us == 150.0
-    assert fluctuation.cross_rank({0: ctxs[0]}, []) == []
+    assert fluctuation.cross_rank(digests_of({0: ctxs[0]}), []) == []
 
 
 @needs_shared()
@@ -138,7 +139,7 @@ def test_every_kineto_trace(path):
         for f in facts:
             assert f.min_us <= f.p50_us <= f.p95_us <= f.max_us
             assert len(f.spike_steps) <= 10 and f.spikes_count >= len(f.spike_steps)
-    fluctuation.cross_rank(ctxs, [])
+    fluctuation.cross_rank(digests_of(ctxs), [])
 
 
 def test_resnet_period_of_four(shared):

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 import hermes_kb
-from analyzers import io as A
-from analyzers.steps import step_context
+from hermes_kb.analyzers.io.dataloader import dataloader as A
+from hermes_kb.analyzers.timeline.steps import step_context
 from conftest import EXAMPLE, SHARED, X, kineto_traces, needs_shared, write_trace
 
 SINGLE = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
@@ -269,8 +269,8 @@ def test_every_real_trace(path):
 def test_python_io_time_is_separated_from_other_python(tmp_path):
     # step [0, 1000): ops cover [0, 100) and [900, 1000); between them Python runs for 800 µs,
     # of which fsync [300, 500) and a write [600, 650) block on I/O: 250 µs of I/O, 800 of Python
-    from analyzers.steps import step_context
-    from analyzers import io as io_an
+    from hermes_kb.analyzers.timeline.steps import step_context
+    from hermes_kb.analyzers.io.dataloader import dataloader as io_an
 
     ev = [
         X("user_annotation", "ProfilerStep#1", 0, 1000),
@@ -293,8 +293,8 @@ def test_inline_preprocessing_time_is_measured_between_operators(tmp_path):
     # pipeline's preprocess frame [150, 650) holding an image processor [200, 600), and inside
     # it an operator [300, 350) (an operator, not Python: not counted); model code the rest.
     # Preprocessing between operators = 500 - 50 = 450 µs of the 800 µs of Python.
-    from analyzers.steps import step_context
-    from analyzers import io as io_an
+    from hermes_kb.analyzers.timeline.steps import step_context
+    from hermes_kb.analyzers.io.dataloader import dataloader as io_an
 
     ev = [
         X("user_annotation", "ProfilerStep#1", 0, 1000),
@@ -334,7 +334,7 @@ def test_inline_preprocessing_time_is_measured_between_operators(tmp_path):
     ("numpy/core/fromnumeric.py(50): sum", False),
 ])
 def test_preprocess_frames_by_path(name, hit):
-    from analyzers.io import PREPROCESS_RE
+    from hermes_kb.analyzers.io.dataloader import PREPROCESS_RE
 
     assert bool(PREPROCESS_RE.search(name)) is hit
 
@@ -350,7 +350,7 @@ def test_preprocess_frames_by_path(name, hit):
     ("<built-in method read of _io.BufferedReader object at 0x7f>", True),
 ])
 def test_python_io_frames_json_file_calls_only(name, hit):
-    from analyzers.io import PYTHON_IO_RE
+    from hermes_kb.analyzers.io.dataloader import PYTHON_IO_RE
 
     assert bool(PYTHON_IO_RE.search(name)) is hit
 
@@ -360,8 +360,8 @@ def test_periodic_io_steps_count_all_they_add(tmp_path):
     # 3000 µs of save_checkpoint, of which a torch.save frame of 2000 µs (I/O); the other 1000 µs
     # builds the state dict in Python. The quiet steps take 1000 µs, the I/O steps 4000 µs: they add
     # 2 x 3000 µs, the I/O frames 2 x 2000 µs (4000 >= half of 6000: the I/O sets them apart).
-    from analyzers.steps import step_context
-    from analyzers import io as io_an
+    from hermes_kb.analyzers.timeline.steps import step_context
+    from hermes_kb.analyzers.io.dataloader import dataloader as io_an
 
     ev, pid = [], 1
     for k, t0 in enumerate((0, 1000, 5000, 6000)):
@@ -411,7 +411,7 @@ def test_pipe_reads_from_worker_handoff_are_worker_wait_not_reading(tmp_path):
         X("python_function", "<built-in function read>", 20, 480, args={"Python id": 2, "Python parent id": 1}),
         X("cpu_op", "aten::mm", 700, 100),
     ]
-    from analyzers.steps import step_context
+    from hermes_kb.analyzers.timeline.steps import step_context
 
     t = next(iter(hermes_kb.load(write_trace(tmp_path / "t.json", ev))))
     ctx, _ = step_context(t)
@@ -472,7 +472,7 @@ def test_image_decoding_in_the_iterator(tmp_path):
 def test_recorded_archive_scenario_reads_as_archive_and_its_twin_does_not():
     # benchmarks/scenarios/loader_compressed_archive: the bad run opens the zip and inflates a
     # member per sample inside next(); its fixed twin indexes an unpacked memory-mapped array
-    from hermes_kb.run_advice import analyze_run_dir
+    from hermes_kb.analysis.run_dir import analyze_run_dir
 
     zoo = Path(__file__).resolve().parents[1] / "benchmarks/scenarios/recorded/loader_compressed_archive"
 

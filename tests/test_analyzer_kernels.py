@@ -1,4 +1,4 @@
-"""kernels analyzer: the per-kernel part of the compute analysis (analyzers/kernels.py).
+"""kernels analyzer: the per-kernel part of the compute analysis (analyzers/compute/kernels.py).
 
 Every expected number is worked out by hand in the comment next to its assertion; the real-trace
 tests recompute theirs from the raw JSON with the standard library.
@@ -12,10 +12,10 @@ import json
 import pytest
 
 import hermes_kb
-from analyzers import compute as C
-from analyzers import kernels as K
-from analyzers import _guarded, analyze_rank
-from analyzers.steps import step_context
+from hermes_kb.analyzers.compute.compute import compute as C
+from hermes_kb.analyzers.compute.compute import kernels as K
+from hermes_kb.analysis.rank import _guarded, analyze_rank
+from hermes_kb.analyzers.timeline.steps import step_context
 from conftest import X, kineto_traces, write_trace
 from hermes_kb.facts.steps import AnalyzerError
 

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import hermes_kb
-from analyzers import intervals as iv
-from analyzers import overlap as A
-from analyzers.steps import step_context
+from hermes_kb.analyzers import intervals as iv
+from hermes_kb.analyzers.timeline import overlap as A
+from hermes_kb.analyzers.timeline.steps import step_context
 from conftest import SHARED, X, kineto_traces, needs_shared, write_trace
 from hermes_kb.facts.steps import AnalyzerError
 
@@ -303,7 +303,7 @@ def test_every_real_trace(path):
     bundle = hermes_kb.load(path)
     for trace in bundle:
         ctx, _ = step_context(trace)
-        from analyzers import _guarded
+        from hermes_kb.analysis.rank import _guarded
 
         facts = _guarded("overlap", trace.rank, A.per_rank, ctx)
         assert not [f for f in facts if isinstance(f, AnalyzerError)], facts

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 import hermes_kb
-from analyzers import parallel
-from analyzers.steps import step_context
+from hermes_kb.analyzers.comm.comm import parallel
+from hermes_kb.analyzers.timeline.steps import step_context
 from conftest import X, kineto_traces, needs_shared, write_trace
+from hermes_kb.analysis.rank import digests_of
 from test_analyzer_comm import collective, compute_kernel, three_ranks
 
 
@@ -19,7 +20,7 @@ def test_imbalance_by_hand(tmp_path):
     # three ranks, one step [0, 2000) each; compute kernels of 100, 200, 600 µs;
     # collectives (union per rank): rank 0 300 + 400 = 700, rank 1 200 + 100 = 300, rank 2 100 + 250 = 350
     ctxs = three_ranks(tmp_path, compute=(100, 200, 600))
-    comps = by_component(parallel.cross_rank(ctxs, []))
+    comps = by_component(parallel.cross_rank(digests_of(ctxs), []))
     assert set(comps) == {"step_time", "compute", "communication", "non_communication"}
     st = comps["step_time"]
     assert st.max_us == st.min_us == 2000.0 and st.imbalance_ratio == 0.0 and st.steps_count == 1
@@ -39,7 +40,7 @@ def test_imbalance_by_hand(tmp_path):
     assert n.worst_step == 5 and n.worst_step_spread_us == pytest.approx(400.0)
     # all_reduce over [0, 1, 2] only: no proper sub-group, no pipeline
     assert not [
-        f for f in parallel.cross_rank(ctxs, []) if f.process_group is not None or f.kind == "pipeline_bubble"
+        f for f in parallel.cross_rank(digests_of(ctxs), []) if f.process_group is not None or f.kind == "pipeline_bubble"
     ]
 
 
@@ -54,7 +55,7 @@ def test_process_group_subset_gets_its_own_imbalance(tmp_path):
         write_trace(tmp_path / f"rank{r}.json", ev, distributedInfo={"rank": r, "world_size": 3})
     bundle = hermes_kb.load(tmp_path)
     ctxs = {r: step_context(bundle[r])[0] for r in bundle.rank_ids}
-    sub = by_component(parallel.cross_rank(ctxs, []), pg="1")
+    sub = by_component(parallel.cross_rank(digests_of(ctxs), []), pg="1")
     assert set(sub) == {"compute", "non_communication"}
     # compute in group [0, 1]: 100 and 300 -> mean 200, max 300 (rank 1)
     assert sub["compute"].ranks_count == 2 and sub["compute"].max_rank == 1
@@ -82,7 +83,7 @@ def pipeline_rank(tmp_path, kind="send", ranks="[0, 1]", size=2, pg="2"):
 
 
 def test_pipeline_bubble_by_hand(tmp_path):
-    facts = [f for f in parallel.cross_rank(pipeline_rank(tmp_path), []) if f.kind == "pipeline_bubble"]
+    facts = [f for f in parallel.cross_rank(digests_of(pipeline_rank(tmp_path)), []) if f.kind == "pipeline_bubble"]
     assert len(facts) == 1
     b = facts[0]
     assert b.rank == 0 and b.p2p_count == 1 and b.p2p_time_us == 200.0 and b.peers == [1]
@@ -94,7 +95,7 @@ def test_pipeline_bubble_by_hand(tmp_path):
 def test_sendrecv_in_a_big_group_is_not_pipeline(tmp_path):
     # SendRecv kernels used for all_to_all among 8 ranks (as in dlrm): no pipeline fact
     ctxs = pipeline_rank(tmp_path, kind="all_to_all", ranks="[0, 1, 2, 3, 4, 5, 6, 7]", size=8, pg="0")
-    assert not [f for f in parallel.cross_rank(ctxs, []) if f.kind == "pipeline_bubble"]
+    assert not [f for f in parallel.cross_rank(digests_of(ctxs), []) if f.kind == "pipeline_bubble"]
 
 
 @needs_shared()
@@ -102,7 +103,7 @@ def test_sendrecv_in_a_big_group_is_not_pipeline(tmp_path):
 def test_every_kineto_trace(path):
     bundle = hermes_kb.load(path)
     ctxs = {r: step_context(bundle[r])[0] for r in bundle.rank_ids}
-    for f in parallel.cross_rank(ctxs, []):
+    for f in parallel.cross_rank(digests_of(ctxs), []):
         assert f.kind == "pipeline_bubble" or f.min_us <= f.mean_us <= f.max_us
 
 
@@ -110,13 +111,13 @@ def test_every_kineto_trace(path):
 def test_multi_rank_jobs(shared, sub):
     bundle = hermes_kb.load(shared / sub)
     ctxs = {r: step_context(bundle[r])[0] for r in bundle.rank_ids}
-    comps = by_component(parallel.cross_rank(ctxs, []))
+    comps = by_component(parallel.cross_rank(digests_of(ctxs), []))
     assert set(comps) == {"step_time", "compute", "communication", "non_communication"}
     for f in comps.values():
         assert f.ranks_count == len(bundle.rank_ids) and f.min_us <= f.mean_us <= f.max_us
         assert f.imbalance_ratio == pytest.approx(1 - f.mean_us / f.max_us)
     # dlrm's SendRecv kernels carry no process group (all_to_all among 8 ranks): no pipeline
-    assert not [f for f in parallel.cross_rank(ctxs, []) if f.kind == "pipeline_bubble"]
+    assert not [f for f in parallel.cross_rank(digests_of(ctxs), []) if f.kind == "pipeline_bubble"]
 
 
 def test_rank_without_device_compute_gets_no_bubble(tmp_path):
@@ -132,7 +133,7 @@ def test_rank_without_device_compute_gets_no_bubble(tmp_path):
         write_trace(tmp_path / f"rank{r}.json", ev, distributedInfo={"rank": r, "world_size": 2})
     bundle = hermes_kb.load(tmp_path)
     ctxs = {r: step_context(bundle[r])[0] for r in bundle.rank_ids}
-    facts = parallel.cross_rank(ctxs, [])
+    facts = parallel.cross_rank(digests_of(ctxs), [])
     bubbles = {f.rank: f for f in facts if f.kind == "pipeline_bubble"}
     assert set(bubbles) == {0} and bubbles[0].bubble_ratio == pytest.approx(0.7)
     comps = by_component(facts)
@@ -148,7 +149,7 @@ def test_ascend_pp2_ranks_without_kernel_data(shared):
     root = shared / "ascend/msinsight_st_level2_4rank_qwen3_0.6b_pp2"
     bundle = hermes_kb.load(root)
     ctxs = {r: step_context(bundle[r])[0] for r in bundle.rank_ids}
-    facts = parallel.cross_rank(ctxs, [])
+    facts = parallel.cross_rank(digests_of(ctxs), [])
     bubbles = {f.rank: f for f in facts if f.kind == "pipeline_bubble"}
     assert set(bubbles) == {0, 2}
     for r, b in bubbles.items():
@@ -179,23 +180,24 @@ def test_pipeline_stage_balance_by_hand(tmp_path):
                     distributedInfo={"rank": r, "world_size": 4, "backend": "nccl", "pg_config": pgs})  # fmt: skip
     bundle = hermes_kb.load(tmp_path)
     ctxs = {r: step_context(bundle[r])[0] for r in bundle.rank_ids}
-    from analyzers import comm
+    from hermes_kb.analyzers.comm.comm import comm
 
     per_rank = [f for r in sorted(ctxs) for f in comm.per_rank(ctxs[r])]
     stages = {f.rank: f for f in per_rank if f.kind == "pipeline_stage"}
     assert {r: (f.stage_index, f.pp_ranks) for r, f in stages.items()} == {
         0: (0, [0, 2]), 1: (0, [1, 3]), 2: (1, [0, 2]), 3: (1, [1, 3])}
-    bal = {tuple(f.pp_ranks): f for f in parallel.cross_rank(ctxs, per_rank) if f.kind == "pipeline_stage_balance"}
+    bal = {tuple(f.pp_ranks): f for f in parallel.cross_rank(digests_of(ctxs), per_rank) if f.kind == "pipeline_stage_balance"}
     a, b = bal[(0, 2)], bal[(1, 3)]
     assert a.per_stage_compute_us == {0: 100.0, 1: 500.0} and a.compared_count == 2
     assert a.imbalance_ratio == pytest.approx(0.4) and a.excess_us == pytest.approx(200.0)
     assert (a.heaviest_stage, a.heaviest_rank, a.lightest_stage, a.last_stage_heaviest) == (1, 2, 0, True)
     assert a.step_us == pytest.approx(2000.0) and a.excess_share_ratio == pytest.approx(0.1)
     assert b.imbalance_ratio == pytest.approx(1 - 250 / 300) and b.heaviest_rank == 3
-    # the same from the digests of the streamed path
-    from analyzers.rank_digest import as_digests
+    # the same from digests as the streamed path's workers send them (pickled, without the frames)
+    import pickle
 
-    again = [f for f in parallel.cross_rank(as_digests(ctxs), per_rank) if f.kind == "pipeline_stage_balance"]
+    again = [f for f in parallel.cross_rank(pickle.loads(pickle.dumps(digests_of(ctxs))), per_rank)
+             if f.kind == "pipeline_stage_balance"]  # fmt: skip
     assert sorted(f.excess_us for f in again) == pytest.approx([50.0, 200.0])
 
 
@@ -209,7 +211,7 @@ def test_pipeline_stages_compared_within_a_stage(tmp_path):
         PipelineStage(rank=r, process_group=f"pp{r % 2}", pp_ranks=[r % 2, 2], stage_index=s, stages_count=2)
         for r, s in ((0, 0), (1, 0), (2, 1))
     ]
-    facts = parallel.cross_rank(ctxs, stages)
+    facts = parallel.cross_rank(digests_of(ctxs), stages)
     assert not {c for c in by_component(facts)} - {"step_time"}  # only the step time job-wide
     inside = by_component(facts, pg="pipeline stage 0")
     assert set(inside) == {"compute", "communication", "non_communication"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import hermes_kb
-from analyzers.steps import step_context
+from hermes_kb.analyzers.timeline.steps import step_context
 from conftest import X, kineto_traces, needs_shared, write_trace
 
 

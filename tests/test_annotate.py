@@ -13,7 +13,7 @@ import pytest
 
 import hermes_kb
 from conftest import EXAMPLE, SHARED, needs_shared
-from hermes_kb.annotate import clock_offset_us
+from hermes_kb.tools.annotate import clock_offset_us
 
 
 def cli(*args) -> subprocess.CompletedProcess:

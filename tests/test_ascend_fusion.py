@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import hermes_kb
-from analyzers import compute as C
-from analyzers.steps import step_context
+from hermes_kb.analyzers.compute.compute import compute as C
+from hermes_kb.analyzers.timeline.steps import step_context
 from conftest import SHARED
 
 ST4 = SHARED / "ascend" / "msinsight_st_level2_4rank_qwen3_0.6b_pp2"

@@ -11,7 +11,7 @@ import pytest
 
 import hermes_kb
 from conftest import X, write_trace
-from hermes_kb.errors import EXIT_BAD_INPUT, EXIT_NO_TRACES, EXIT_NOT_FOUND
+from hermes_kb.core.errors import EXIT_BAD_INPUT, EXIT_NO_TRACES, EXIT_NOT_FOUND
 
 GOOD = [X("cpu_op", "aten::add", 0, 5)]
 

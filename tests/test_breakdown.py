@@ -1,4 +1,4 @@
-"""The step breakdown (analyzers/breakdown.py) and what the reports open with: hand-made traces
+"""The step breakdown (analyzers/timeline/breakdown.py) and what the reports open with: hand-made traces
 split by hand, the real traces of ../shared/data checked against numbers taken from the raw
 files, and every report opening with a non-empty breakdown."""
 

@@ -1,4 +1,4 @@
-"""Gradient-bucket search (analyzers/buckets.py, fact bucket_search).
+"""Gradient-bucket search (analyzers/comm/buckets.py, fact bucket_search).
 
 The hand-built DDP trace below has its optimum worked out by hand in the comments; the shared
 DDP traces are checked against counts and sizes read from their raw JSON."""
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import hermes_kb
-from analyzers import buckets as B
-from analyzers.steps import step_context
+from hermes_kb.analyzers.comm.comm import buckets as B
+from hermes_kb.analyzers.timeline.steps import step_context
 from conftest import SHARED, X, needs_shared, write_trace
 
 MIB = 1024 * 1024

@@ -22,7 +22,7 @@ from rich.console import Console
 
 import hermes_kb
 from conftest import EXAMPLE, SHARED, X, needs_shared, write_trace
-from hermes_kb.checks import id_key
+from hermes_kb.kb.ids import id_key
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ROOT / "benchmarks/scenarios/recorded/checkpoint_stalls/bad"
@@ -118,7 +118,7 @@ def test_config_that_is_fine_and_one_that_is_missing(tmp_path):
 
 def test_exit_codes_are_documented():
     doc = (ROOT / "docs/cli.md").read_text()
-    from hermes_kb import errors
+    from hermes_kb.core import errors
 
     for name in dir(errors):
         if name.startswith("EXIT_"):

@@ -1,5 +1,5 @@
 """Thin GEMMs on a CPU-only trace and the per-sample prediction at a larger batch (analyzers/
-cpu_batch.py, case C-COMP-020), the CPU peak it rests on (hermes_kb/cpus.py) and how the CPU
+cpu_batch.py, case C-COMP-020), the CPU peak it rests on (hermes_kb/core/cpus.py) and how the CPU
 reaches the analyzer from the monitor's environment record. Numbers computed by hand."""
 
 from __future__ import annotations
@@ -7,14 +7,15 @@ from __future__ import annotations
 import pytest
 
 import hermes_kb
-from analyzers import compute, cpu_batch
-from analyzers.flops import op_cost
-from analyzers.steps import step_context
+from hermes_kb.analyzers.compute.compute import compute
+from hermes_kb.analyzers.host import cpu_batch
+from hermes_kb.analyzers.compute.flops import op_cost
+from hermes_kb.analyzers.timeline.steps import step_context
 from conftest import X, write_trace
-from hermes_kb.cpus import fp32_fma_peak_per_core, host_cpu
+from hermes_kb.core.cpus import fp32_fma_peak_per_core, host_cpu
 from hermes_kb.monitor.env import environment
 from hermes_kb.monitor.reader import RankLog, RunLog
-from hermes_kb.run_advice import merge_monitor_env
+from hermes_kb.analysis.run_dir import merge_monitor_env
 
 AVX512_2GHZ = {"model": "Test Xeon", "flags": ["avx2", "avx512f", "fma"], "mhz": 2000.0, "usable_cores": 2}
 
@@ -121,7 +122,7 @@ def test_small_batch_scenario_is_diagnosed():
     assert bad[0].case_id == "C-COMP-020"
     assert bad[0].expected_speedup.low <= measured <= bad[0].expected_speedup.high
     # the range's ends come from the fact's two savings (gain.removes_low, gain.removes)
-    from hermes_kb.run_advice import analyze_run_dir
+    from hermes_kb.analysis.run_dir import analyze_run_dir
 
     (t,) = [f for f in analyze_run_dir(d / "bad").facts if f.kind == "cpu_thin_matmuls"]
     assert bad[0].expected_speedup.low == pytest.approx(t.step_us / (t.step_us - t.per_sample_saving_low_us), rel=1e-3)

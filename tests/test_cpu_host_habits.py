@@ -1,5 +1,5 @@
 """Host-side habits that cost step time (issue 20, CPU cases C-CPU-029..045): the facts of
-analyzers/pyframes.py, the new fields of ``compilation`` and ``optimizer_step``, and the
+analyzers/host/pyframes.py, the new fields of ``compilation`` and ``optimizer_step``, and the
 ``zero_grad``, ``ddp_buffer_broadcast``, ``data_parallel``, ``sync_batchnorm``,
 ``device_allocation``, ``graph_capture`` and ``npu_task_queue`` facts, each on a tiny hand-made
 trace whose numbers are worked out in the comments."""
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 import hermes_kb
-from analyzers import cpu as A
-from analyzers import dispatch as D
-from analyzers import pyframes as P
-from analyzers.steps import step_context
+from hermes_kb.analyzers.host import cpu as A
+from hermes_kb.analyzers.host import dispatch as D
+from hermes_kb.analyzers.host import pyframes as P
+from hermes_kb.analyzers.timeline.steps import step_context
 from conftest import X, ascend_x, write_trace
 
 RECORDED = Path(__file__).resolve().parents[1] / "benchmarks" / "scenarios" / "recorded"

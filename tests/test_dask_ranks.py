@@ -1,4 +1,4 @@
-"""The per-rank stage on a Dask cluster (hermes_kb/dask_ranks.py): the same facts as the local
+"""The per-rank stage on a Dask cluster (hermes_kb/scale/on_dask.py): the same facts as the local
 pool, a damaged rank reported by name, and a clean error without the extra installed."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from hermes_kb import rank_stream
-from hermes_kb.dask_ranks import DaskUnavailableError, analyse_on_dask
+from hermes_kb.scale import jobs
+from hermes_kb.scale.on_dask import DaskUnavailableError, analyse_on_dask
 from hermes_kb.trace import discover
 
 from conftest import SHARED
@@ -37,7 +37,7 @@ def test_dask_run_equals_the_local_pool(cluster, tmp_path):
     bad = tmp_path / "worker5_step_12.pt.trace.json.gz"
     bad.write_bytes(gzip.compress(b"not json"))
     files = discover(str(tmp_path))
-    local = rank_stream.analyse_files(files, workers=2)
+    local = jobs.analyse_files(files, workers=2)
     remote = analyse_on_dask(files, cluster.scheduler_address)
     try:
         assert _dumps(remote) == _dumps(local)
@@ -59,6 +59,6 @@ def test_without_distributed_the_error_is_one_line(monkeypatch):
 
 def test_an_unreachable_scheduler_is_a_clean_error(monkeypatch):
     pytest.importorskip("distributed", reason="dask.distributed is not installed (the dask extra)")
-    monkeypatch.setattr("hermes_kb.dask_ranks.CONNECT_TIMEOUT_S", 1)
+    monkeypatch.setattr("hermes_kb.scale.on_dask.CONNECT_TIMEOUT_S", 1)
     with pytest.raises(DaskUnavailableError, match="cannot reach the Dask scheduler at tcp://127.0.0.1:9"):
         analyse_on_dask(["x.json"], "tcp://127.0.0.1:9")

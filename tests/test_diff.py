@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from conftest import EXAMPLE, SHARED, needs_shared
-from hermes_kb.diff import DiffResult, diff, diff_reports
+from hermes_kb.tools.diff import DiffResult, diff, diff_reports
 
 NW0 = "kineto_2021/resnet50_num_workers_0.pt.trace.json.gz"
 NW4 = "kineto_2021/resnet50_num_workers_4.pt.trace.json.gz"

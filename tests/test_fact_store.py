@@ -1,4 +1,4 @@
-"""A streamed job's facts kept on disk (hermes_kb/fact_store.py). The reference for every
+"""A streamed job's facts kept on disk (hermes_kb/facts/store.py). The reference for every
 number is the in-memory path the store replaces: the typed facts renumbered and shifted in
 place (fact_shift.shift_facts) and flattened by kb.engine.prepare."""
 
@@ -8,11 +8,11 @@ import copy
 
 import pytest
 
-from hermes_kb.fact_shift import shift_facts
-from hermes_kb.fact_store import SpilledFacts, of_kinds
+from hermes_kb.facts.shift import shift_facts
+from hermes_kb.facts.store import SpilledFacts, of_kinds
 from hermes_kb.facts.base import Evidence
 from hermes_kb.facts.steps import AnalyzerError, StepTime
-from hermes_kb.kb.engine import prepare
+from hermes_kb.kb.matches import prepare
 
 from conftest import SHARED
 
@@ -111,12 +111,12 @@ def test_the_store_holds_no_typed_fact_of_a_spilled_rank():
 
 @needs_dlrm
 def test_a_report_from_the_store_equals_one_from_the_fact_list():
-    from hermes_kb import rank_stream
-    from hermes_kb.advisor import advise_bundle_full
+    from hermes_kb.scale import jobs
+    from hermes_kb.advisor.run import advise_bundle_full
     from hermes_kb.render.details import with_details
     from hermes_kb.trace import discover
 
-    job = rank_stream.analyse_files(discover(str(DLRM)), workers=1)
+    job = jobs.analyse_files(discover(str(DLRM)), workers=1)
     try:
         listed = list(job.facts)
         a = advise_bundle_full(job.bundle, facts=job.facts, replay=job.replay)
@@ -131,17 +131,17 @@ def test_a_report_from_the_store_equals_one_from_the_fact_list():
 @pytest.mark.parametrize("engine", ["durable", "python"])
 def test_inference_a_group_of_ranks_at_a_time_equals_one_on_every_fact(monkeypatch, engine):
     # groups of 3 of the 8 DLRM ranks (plus the job-wide facts): the matches of the whole list
-    from hermes_kb import rank_stream
-    from hermes_kb.advisor import knowledge_base
-    from hermes_kb.kb import durable_engine
+    from hermes_kb.scale import jobs
+    from hermes_kb.advisor.knowledge import knowledge_base
+    from hermes_kb.kb import matches
     from hermes_kb.kb.engine import durable_available, infer
     from hermes_kb.trace import discover
 
     if engine == "durable" and not durable_available():
         pytest.skip("durable-rules is not importable here")
-    monkeypatch.setattr(durable_engine, "PARTITION_RANKS", 3)
+    monkeypatch.setattr(matches, "PARTITION_RANKS", 3)
     kb = knowledge_base(None)
-    job = rank_stream.analyse_files(discover(str(DLRM)), workers=1)
+    job = jobs.analyse_files(discover(str(DLRM)), workers=1)
     job.replay.close()
     spilled = infer(kb, job.facts, engine)
     whole = infer(kb, list(job.facts), engine)

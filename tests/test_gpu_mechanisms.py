@@ -22,12 +22,12 @@ from conftest import X, write_trace
 from test_analyzer_cpu import OP, RT, K  # the same hand-made event builders
 
 import hermes_kb
-from analyzers import compute as C
-from analyzers import cpu as A
-from analyzers import io as IO
-from analyzers.breakdown import components
-from analyzers.steps import step_context
-from hermes_kb.devices import lookup
+from hermes_kb.analyzers.compute.compute import compute as C
+from hermes_kb.analyzers.host import cpu as A
+from hermes_kb.analyzers.io.dataloader import dataloader as IO
+from hermes_kb.analyzers.timeline.breakdown import components
+from hermes_kb.analyzers.timeline.steps import step_context
+from hermes_kb.core.devices import lookup
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_ZOO = ROOT / "benchmarks/scenarios/recorded"
@@ -100,7 +100,7 @@ def test_h2d_copies_measure_the_time_they_hold_the_step(tmp_path):
 
 
 def test_a_copy_with_no_kernel_beside_it_is_data_in_the_breakdown(tmp_path):
-    from analyzers.critical_path import per_rank as cp_rank
+    from hermes_kb.analyzers.timeline.critical_path import per_rank as cp_rank
 
     ctx = ctx_of(tmp_path, _copy_trace("Pageable"))
     cp_rank(ctx)
@@ -167,8 +167,8 @@ def test_a_sync_after_the_last_step_annotation_is_no_steps(tmp_path):
 
 
 def test_the_replay_takes_the_profilers_cost_off_the_host(tmp_path):
-    from analyzers import whatif as W
-    from analyzers.critical_path import per_rank as cp_rank
+    from hermes_kb.analyzers.whatif.replay import replay as W
+    from hermes_kb.analyzers.timeline.critical_path import per_rank as cp_rank
 
     # 4 steps of 1000 µs: the host is busy 900 µs per step in ops (the profiler's cost included)
     # launching one 400 µs kernel at its end; the device idles most of the step (host-bound)
@@ -197,7 +197,7 @@ def test_the_replay_takes_the_profilers_cost_off_the_host(tmp_path):
 
 
 def test_host_pace_from_the_steps_where_the_device_lagged():
-    from analyzers.profiler_overhead import _host_pace
+    from hermes_kb.analyzers.monitor.profiler_overhead import _host_pace
 
     # the device took 15 ms a step; in 4 of the steps the host ran ahead at 12 ms: its own pace
     wall = np.array([12.0, 12.5, 11.5, 12.0, 15.0, 15.0])
@@ -371,7 +371,7 @@ def test_launch_calls_held_by_a_full_queue_wait_for_the_device(tmp_path):
     """Six 1000 µs kernels queued back to back from 30 µs on. Four launch calls take 10 µs; two
     return 5 µs after a kernel ends (965 and 995 µs: the launch queue was full and a finished kernel
     freed a slot). Those two are waits on the device, not host work; the short ones are not."""
-    from analyzers.critical_path import build_graph
+    from hermes_kb.analyzers.timeline.critical_path import build_graph
 
     calls = [(10, 10), (30, 10), (50, 10), (70, 965), (1040, 995), (2040, 10)]
     ev = [X("user_annotation", "ProfilerStep#1", 0, 7000)]

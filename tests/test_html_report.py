@@ -52,7 +52,7 @@ def test_html_is_self_contained(tmp_path):
 
 
 def test_html_report_data_for_a_monitor_run(tmp_path):
-    adv = __import__("hermes_kb.pipeline", fromlist=["advise_run"]).advise_run(RUN_DIR)
+    adv = __import__("hermes_kb.advisor.run", fromlist=["advise_run_dir_full"]).advise_run_dir_full(RUN_DIR)
     r = with_details(adv.report, adv.facts, adv.run)
     (s,) = r.summary
     assert len(s.series) == s.steps_count  # every analysed step of the log

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -10,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from hermes_kb.kb.conditions import Expr, Leaf, compare, evaluate, normalize, sanitize_number
-from hermes_kb.kb.engine import durable_available, infer, prepare, python_matches
+from hermes_kb.kb.conditions import Expr, Leaf, compare, evaluate, normalize
+from hermes_kb.facts.flat import sanitize_number
+from hermes_kb.kb.engine import durable_available, infer
+from hermes_kb.kb.matches import prepare, python_matches
 from hermes_kb.kb.loader import KbError, load_kb
 from hermes_kb.kb.testing import run_examples
 
@@ -69,9 +72,18 @@ def test_durable_holds_only_the_kinds_its_patterns_name(monkeypatch):
 
 
 def _write(tmp: Path, rel: str, text: str) -> Path:
-    p = tmp / rel
+    """A KB file, named for the id it holds as the loader requires (rules/a.yaml holding R-TST-001
+    is written as rules/R-TST-001-a.yaml)."""
+    p = named_like_the_loader_wants(tmp / rel, textwrap.dedent(text))
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(textwrap.dedent(text))
+    return p
+
+
+def named_like_the_loader_wants(p: Path, text: str) -> Path:
+    m = re.search(r"^id:\s*(\S+)", text, re.M)
+    if m and p.suffix == ".yaml" and p.parent.name != "." and not p.stem.startswith(m.group(1)):
+        return p.with_name(f"{m.group(1)}-{p.name}")
     return p
 
 
@@ -123,12 +135,12 @@ def test_undeclared_parameter(tmp_path):
 
 
 def test_schema_error_points_at_the_key(tmp_path):
-    _write(tmp_path, "rules/a.yaml", RULE.replace('op: ">="', 'op: "=>"'))
+    path = _write(tmp_path, "rules/a.yaml", RULE.replace('op: ">="', 'op: "=>"'))
     (tmp_path / "cases").mkdir()
     with pytest.raises(KbError) as info:
         load_kb(tmp_path / "rules", tmp_path / "cases")
     p = info.value.problems[0]
-    assert p.startswith(f"{tmp_path / 'rules/a.yaml'}:11:") and "op" in p
+    assert p.startswith(f"{path}:11:") and "op" in p
 
 
 def test_yaml_is_loaded_safely(tmp_path):
@@ -199,7 +211,7 @@ def test_rank_local_items_run_a_group_of_ranks_at_a_time(monkeypatch, shared):
     """On a large job the rules and cases whose bindings all join on rank see a group of ranks at
     a time: the same matches as one run over every fact, and as the Python evaluator."""
     from hermes_kb.analysis import analyze
-    from hermes_kb.kb import durable_engine
+    from hermes_kb.kb import durable_engine, matches
 
     kb = load_kb()
     facts = analyze(shared / "param/dlrm_kineto_8rank", max_workers=1)
@@ -212,7 +224,7 @@ def test_rank_local_items_run_a_group_of_ranks_at_a_time(monkeypatch, shared):
         return real(host, name, group, sid)
 
     monkeypatch.setattr(durable_engine, "PARTITION_MIN_FACTS", 10)
-    monkeypatch.setattr(durable_engine, "PARTITION_RANKS", 3)
+    monkeypatch.setattr(matches, "PARTITION_RANKS", 3)
     monkeypatch.setattr(durable_engine, "_fire", counted)
     parted = infer(kb, facts, "durable")
     python = infer(kb, facts, "python")
@@ -220,3 +232,27 @@ def test_rank_local_items_run_a_group_of_ranks_at_a_time(monkeypatch, shared):
     for m in ("bottlenecks", "cases"):
         assert [x.key() for x in getattr(parted, m)] == [x.key() for x in getattr(whole, m)] == [x.key() for x in getattr(python, m)]
     assert parted.cases
+
+
+def test_a_file_not_named_for_its_id_is_refused(tmp_path):
+    """A rule or case is found from its id in one step (issue 31): the loader refuses a file whose
+    name does not start with the id it holds, naming the file and what the name should be."""
+    rules, cases = tmp_path / "rules", tmp_path / "cases"
+    rules.mkdir()
+    cases.mkdir()
+    (rules / "communication.yaml").write_text(textwrap.dedent(RULE))
+    with pytest.raises(KbError) as err:
+        load_kb(rules, cases)
+    msg = str(err.value)
+    assert "communication.yaml:" in msg and "must start with the id: R-TST-001-<short-title>.yaml" in msg
+    (rules / "communication.yaml").rename(rules / "R-TST-001-communication.yaml")
+    kb = load_kb(rules, cases)
+    assert [e.item.id for e in kb.rules] == ["R-TST-001"]
+
+
+def test_every_shipped_item_is_found_from_its_id():
+    from hermes_kb.kb.loader import find_item_file
+
+    kb = load_kb()
+    for e in (*kb.rules, *kb.cases):
+        assert find_item_file(e.item.id) == Path(e.path).resolve() or str(find_item_file(e.item.id)) == e.path, e.item.id

@@ -1,4 +1,4 @@
-"""hermes kb coverage (hermes_kb/kb/coverage.py): which case fires where.
+"""hermes kb coverage (hermes_kb/tools/coverage.py): which case fires where.
 
 A tiny knowledge base (one rule, two cases) on two tiny traces whose answers are known: the DDP
 trace of test_buckets.py fires the bucket-size case and nothing else; the CPU example fires
@@ -16,8 +16,8 @@ import pytest
 
 import hermes_kb
 from conftest import EXAMPLE, ROOT, write_trace
-from hermes_kb.errors import UsageError
-from hermes_kb.kb import coverage as C
+from hermes_kb.core.errors import UsageError
+from hermes_kb.tools import coverage as C
 from hermes_kb.kb.loader import load_kb
 from test_buckets import _ddp_events
 
@@ -27,9 +27,9 @@ def tiny_kb(tmp_path):
     rules, cases = tmp_path / "rules", tmp_path / "cases" / "communication"
     rules.mkdir()
     cases.mkdir(parents=True)
-    shutil.copy(ROOT / "rules/communication.yaml", rules)
-    shutil.copy(ROOT / "cases/communication/gradient_bucket_size_search.yaml", cases)
-    shutil.copy(ROOT / "cases/communication/unaligned_message_sizes_hccs.yaml", cases)
+    shutil.copy(ROOT / "rules/R-COMM-001-communication.yaml", rules)
+    shutil.copy(ROOT / "cases/communication/C-COMM-010-gradient-bucket-size-search.yaml", cases)
+    shutil.copy(ROOT / "cases/communication/C-COMM-005-unaligned-message-sizes-hccs.yaml", cases)
     return load_kb(rules, tmp_path / "cases")
 
 

@@ -1,4 +1,4 @@
-"""Per-kernel mechanisms added for issue 20 (analyzers/kernels.py): wave quantisation, element-wise
+"""Per-kernel mechanisms added for issue 20 (analyzers/compute/kernels.py): wave quantisation, element-wise
 kernels on ATen's generic strided path, training-mode layers in a forward-only run, FP32 Cube
 operators on Ascend, and element-wise epilogues left behind GEMMs. Every expected number is
 worked out by hand in the comment next to its assertion."""
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import hermes_kb
-from analyzers import analyze_rank
-from analyzers import kernels as K
+from hermes_kb.analysis.rank import analyze_rank
+from hermes_kb.analyzers.compute.compute import kernels as K
 from conftest import X, write_trace
 from hermes_kb.facts.steps import AnalyzerError
 

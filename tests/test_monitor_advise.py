@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import hermes_kb
-from hermes_kb.run_advice import analyze_run_dir
+from hermes_kb.analysis.run_dir import analyze_run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED = ROOT / "tests/data/monitor_runs/two_ranks"
@@ -367,7 +367,7 @@ def test_real_two_rank_gloo_run(tmp_path):
 
 
 def test_core_bound_by_hand():
-    from hermes_kb.analyzers.loader_cores import bounded, busy_cores, job_cores
+    from hermes_kb.analyzers.monitor.loader_cores import bounded, busy_cores, job_cores
     from hermes_kb.facts.io import DataLoaderWait
     from hermes_kb.facts.monitor import MonitorCpu
 
@@ -436,7 +436,7 @@ def test_core_bound_caps_the_loader_gain(tmp_path):
 def test_profiler_overhead_by_hand():
     from array import array
 
-    from hermes_kb.analyzers.profiler_overhead import overhead_of
+    from hermes_kb.analyzers.monitor.profiler_overhead import overhead_of
     from hermes_kb.monitor.reader import RankLog
 
     # 12 steps back to back from t = 1000 s: 10 ms each, except steps 6-8 (15 ms), the profiled ones
@@ -457,7 +457,7 @@ def test_profiler_overhead_by_hand():
     # clocks that do not meet: no fact, rather than a wrong one
     assert overhead_of(0, log, [(1.0, 2.0)]) is None
     # ... unless the monitor's own capture record names the steps (6-8; step 9 wrote the trace)
-    from hermes_kb.analyzers.profiler_overhead import _captured
+    from hermes_kb.analyzers.monitor.profiler_overhead import _captured
 
     log.captures.append({"type": "capture", "step": 8, "steps": 3, "trace": "/run/rank0.capture17.json.gz"})
     assert _captured(log, "/elsewhere/rank0.capture17.json.gz") == (6, 8)

@@ -270,7 +270,7 @@ def test_domains_from_the_process_group_registry():
 
 
 def test_device_peak_from_hermes_tables():
-    from hermes_kb.cpus import host_cpu
+    from hermes_kb.core.cpus import host_cpu
     from hermes_kb.monitor.flops import device_peak
 
     props = types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", total_memory=80e9)

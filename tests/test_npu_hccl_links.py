@@ -11,8 +11,8 @@ import pytest
 
 import hermes_kb
 from conftest import SHARED, ascend_x
-from hermes_kb.analyzers.npu import NOMINAL_GBPS, _nominal_fractions
-from hermes_kb.run_advice import analyze_run_dir, merge_monitor_env
+from hermes_kb.analyzers.npu.npu import NOMINAL_GBPS, _nominal_fractions
+from hermes_kb.analysis.run_dir import analyze_run_dir, merge_monitor_env
 from hermes_kb.trace import load
 
 ASCEND = SHARED / "ascend"

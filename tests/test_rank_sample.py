@@ -1,4 +1,4 @@
-"""``--sample K`` (hermes_kb/rank_sample.py): the cheap first pass and the choice of ranks."""
+"""``--sample K`` (hermes_kb/scale/sample.py): the cheap first pass and the choice of ranks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from hermes_kb.rank_sample import FirstLook, choose, first_look, sample_notes, uncovered_domains
+from hermes_kb.scale.sample import FirstLook, choose, first_look, sample_notes, uncovered_domains
 
 from conftest import SHARED, X, write_trace
 

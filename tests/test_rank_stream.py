@@ -1,4 +1,4 @@
-"""Per-rank work streams (hermes_kb/rank_stream.py): a rank read, analysed, digested and
+"""Per-rank work streams (hermes_kb/scale/stream.py): a rank read, analysed, digested and
 released, the cross-rank stage on the digests. The reference is the in-memory path
 (trace.load + analysis.analyze_with_replay), which holds every rank's frames at once."""
 
@@ -13,11 +13,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from hermes_kb import rank_stream
-from hermes_kb.analysis import analyze_with_replay
+from hermes_kb.scale import jobs
+from hermes_kb.analysis.run import analyze_with_replay
 from hermes_kb.analyzers.context import StepWindow
-from hermes_kb.analyzers.rank_digest import COLLECTIVE_COLUMNS, RankDigest
-from hermes_kb.fact_shift import shift_facts
+from hermes_kb.analyzers.comm.digest import COLLECTIVE_COLUMNS, RankDigest
+from hermes_kb.facts.shift import shift_facts
 from hermes_kb.facts.base import Evidence
 from hermes_kb.facts.steps import StepTime
 from hermes_kb.trace import discover, load
@@ -44,7 +44,7 @@ def _link_ranks(tmp_path: Path, n: int) -> list[Path]:
 @needs_dlrm
 def test_streamed_facts_equal_the_in_memory_analysis():
     facts, replay = analyze_with_replay(load(str(DLRM), max_workers=1), max_workers=1)
-    job = rank_stream.analyse_files(discover(str(DLRM)), workers=2)
+    job = jobs.analyse_files(discover(str(DLRM)), workers=2)
     try:
         assert _dumps(job.facts) == _dumps(facts)
         assert sorted(job.replay) == sorted(replay)
@@ -61,7 +61,7 @@ def test_a_damaged_rank_is_reported_by_name_and_the_rest_analysed(tmp_path):
     _link_ranks(tmp_path, 3)
     bad = tmp_path / "worker7_step_12.pt.trace.json.gz"
     bad.write_bytes(gzip.compress(b'{"traceEvents": [{"ph": "X", "name": '))
-    job = rank_stream.analyse_files(discover(str(tmp_path)), workers=2)
+    job = jobs.analyse_files(discover(str(tmp_path)), workers=2)
     job.replay.close()
     assert job.bundle.rank_ids == [0, 1, 2]
     (problem,) = job.bundle.problems
@@ -71,18 +71,19 @@ def test_a_damaged_rank_is_reported_by_name_and_the_rest_analysed(tmp_path):
 
 _KILL_RANK1 = """
 import json, os, signal, sys
-from hermes_kb import rank_stream, workers
+from hermes_kb.core import workers
+from hermes_kb.scale import local
 
 assert workers.can_fork()
-files, real, parent = sys.argv[1:], rank_stream.analyse_rank_file, os.getpid()
+files, real, parent = sys.argv[1:], local.analyse_rank_file, os.getpid()
 
 def dies_on_rank_1(path):
     if path == files[1] and os.getpid() != parent:  # in a forked worker, never this process
         os.kill(os.getpid(), signal.SIGKILL)
     return real(path)
 
-rank_stream.analyse_rank_file = dies_on_rank_1
-job = rank_stream.analyse_local(files, workers=2)
+local.analyse_rank_file = dies_on_rank_1
+job = local.analyse_local(files, workers=2)
 job.replay.close()
 print(json.dumps({"ranks": job.bundle.rank_ids, "problems": [[p.path, p.message] for p in job.bundle.problems]}))
 """
@@ -132,7 +133,7 @@ def test_ranks_without_a_rank_number_are_numbered_by_file_order(tmp_path):
         doc.pop("distributedInfo")
         (tmp_path / f"trace_{'ab'[i]}.json").write_text(json.dumps(doc))
     ref = load(str(tmp_path), max_workers=1)
-    job = rank_stream.analyse_files(discover(str(tmp_path)), workers=1)
+    job = jobs.analyse_files(discover(str(tmp_path)), workers=1)
     job.replay.close()
     assert job.bundle.rank_ids == ref.rank_ids == [0, 1]
     assert job.bundle.warnings == ref.warnings
@@ -143,14 +144,14 @@ def test_ranks_without_a_rank_number_are_numbered_by_file_order(tmp_path):
 def test_a_replay_state_read_back_replays_as_the_original():
     import numpy as np
 
-    from hermes_kb.analyzers import analyze_rank
-    from hermes_kb.analyzers.whatif import removed_together
-    from hermes_kb.replay_store import SpilledReplay, pack
+    from hermes_kb.analysis.rank import analyze_rank
+    from hermes_kb.analyzers.whatif.replay import removed_together
+    from hermes_kb.analysis.replay_store import SpilledReplay, pack
 
     trace = load(str(sorted(DLRM.iterdir())[0]), max_workers=1)[0]
     ctx, _ = analyze_rank(trace)
     model, amounts = ctx.shared["whatif_model"], ctx.shared["whatif_amounts"]
-    from hermes_kb.analysis import ReplayState
+    from hermes_kb.analysis.replay import ReplayState
 
     store = SpilledReplay()
     try:

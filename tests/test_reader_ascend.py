@@ -18,7 +18,7 @@ import pytest
 
 import hermes_kb
 from conftest import SHARED
-from hermes_kb.errors import BadTraceError, HermesError, NoTracesError
+from hermes_kb.core.errors import BadTraceError, HermesError, NoTracesError
 
 ASCEND = SHARED / "ascend"
 L1 = ASCEND / "msinsight_pt_text_level1_2rank"
@@ -279,8 +279,8 @@ def test_damaged_rank_among_good_ones_is_skipped(tmp_path):
 
 
 def _npu_facts(trace):
-    from analyzers import npu
-    from analyzers.steps import step_context
+    from hermes_kb.analyzers.npu.npu import npu
+    from hermes_kb.analyzers.timeline.steps import step_context
 
     ctx, _ = step_context(trace)
     return {f.kind if f.kind != "npu_affinity_api" else f"{f.kind}:{f.pattern}": f for f in npu.per_rank(ctx)}

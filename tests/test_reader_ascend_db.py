@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from conftest import SHARED
 
-from hermes_kb.errors import BadTraceError
-from hermes_kb.trace.ascend import parse_ascend
-from hermes_kb.trace.ascend_files import find_ascend_ranks
+from hermes_kb.core.errors import BadTraceError
+from hermes_kb.trace.ascend.reader import parse_ascend
+from hermes_kb.trace.ascend.files import find_ascend_ranks
 
 DB_SET = SHARED / "ascend" / "msinsight_pt_db_level1_2rank"
 TEXT_SET = SHARED / "ascend" / "msinsight_pt_text_level1_2rank"

@@ -25,7 +25,7 @@ import pytest
 
 import hermes_kb
 from conftest import EXAMPLE, ROOT, SHARED, X, write_trace
-from hermes_kb.errors import EXIT_BAD_INPUT, ConfigError, HermesError
+from hermes_kb.core.errors import EXIT_BAD_INPUT, ConfigError, HermesError
 
 CLI = [sys.executable, "-m", "hermes_kb.cli"]
 
@@ -72,15 +72,15 @@ def test_no_unpickling_from_disk():
                 hits.append((f.relative_to(ROOT).as_posix(), n, line.strip()))
     # the only one: the Kineto reader's split build, reading back what the child it just forked
     # wrote into a pipe it just created (never a file)
-    assert [(f, line) for f, _, line in hits] == [("hermes_kb/trace/kineto.py", "status, second = pickle.loads(data)")], hits
-    from hermes_kb.trace import kineto
+    assert [(f, line) for f, _, line in hits] == [("hermes_kb/trace/kineto/reader.py", "status, second = pickle.loads(data)")], hits
+    from hermes_kb.trace.kineto import reader as kineto
 
     src = inspect.getsource(kineto._build_split)
     assert src.index("os.pipe()") < src.index("os.fork()") < src.index("pickle.loads(data)")
     assert "open(" not in src.replace("os.fdopen(", "")  # the bytes come from the pipe, not from a path
     # multiprocessing connections (which unpickle) only in the worker module, from its own children
     recv = [f.relative_to(ROOT).as_posix() for f in (ROOT / "hermes_kb").rglob("*.py") if ".recv(" in f.read_text()]
-    assert recv == ["hermes_kb/workers.py"]
+    assert recv == ["hermes_kb/core/workers.py"]
 
 
 def test_kb_load_writes_no_cache(tmp_path, monkeypatch):
@@ -251,18 +251,18 @@ def test_every_rank_log_damaged_is_one_line(tmp_path):
 _KILL_RANK1 = """
 import json, os, signal, sys
 import hermes_kb
-from hermes_kb import workers
+from hermes_kb.core import workers
 from hermes_kb.trace import loader
 
 assert workers.can_fork()
-original, parent = loader._parse_one, os.getpid()
+original, parent = loader.parse_one, os.getpid()
 
 def killer(path, split=True):
     if "rank1" in path and os.getpid() != parent:  # in a forked worker, never this process
         os.kill(os.getpid(), signal.SIGKILL)
     return original(path, split)
 
-loader._parse_one = killer
+loader.parse_one = killer
 b = hermes_kb.load(sys.argv[1], max_workers=3)
 print(json.dumps({"ranks": b.rank_ids, "problems": [[p.path, p.message] for p in b.problems]}))
 """
@@ -421,9 +421,13 @@ def _kb_dir(tmp_path, files: dict[str, str | bytes]) -> tuple[Path, Path]:
     rules.mkdir(exist_ok=True)
     cases.mkdir(exist_ok=True)
     for name, text in files.items():
+        body = text if isinstance(text, bytes) else textwrap.dedent(text).encode()
+        m = re.search(rb"^id:\s*(\S+)", body, re.M)  # named for its id, as the loader requires
+        if m and not Path(name).name.startswith(m.group(1).decode()):
+            name = str(Path(name).with_name(f"{m.group(1).decode()}-{Path(name).name}"))
         p = tmp_path / name
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(text if isinstance(text, bytes) else textwrap.dedent(text).encode())
+        p.write_bytes(body)
     return rules, cases
 
 
@@ -611,7 +615,7 @@ def test_sqlite_export_is_read_without_writing_beside_it(shared, tmp_path):
 
 
 def test_db_connection_is_immutable():
-    src = (ROOT / "hermes_kb/trace/ascend_db.py").read_text()
+    src = (ROOT / "hermes_kb/trace/ascend/db.py").read_text()
     assert "mode=ro&immutable=1" in src and src.count("sqlite3.connect(") == 1
 
 
@@ -668,7 +672,7 @@ def test_absurd_rank_numbers_are_not_ranks(tmp_path):
     bundle = hermes_kb.load([str(a), str(b)])
     assert bundle.rank_ids == [0, 1] and bundle.ranks[0].meta.source.endswith("a.json")
     assert bundle.ranks[0].meta.world_size is None
-    from hermes_kb.errors import as_rank
+    from hermes_kb.core.errors import as_rank
 
     assert [as_rank(v) for v in (1e30, 10**30, -1, True, "3", "1" * 30, 7)] == [None, None, None, None, 3, None, 7]
 

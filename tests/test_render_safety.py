@@ -19,7 +19,7 @@ from hostile import ALL, HTML_PAYLOADS, MD_PAYLOADS, TERM_PAYLOADS, hostile_repo
 from hermes_kb.render.details import with_details
 from hermes_kb.render.html import render_html
 from hermes_kb.render.report import render_json, render_markdown, render_terminal, render_terminal_markup
-from hermes_kb.sanitize import clean, clean_line, json_terminal_safe
+from hermes_kb.core.sanitize import clean, clean_line, json_terminal_safe
 
 # what a terminal would act on: C0 controls but newline and tab, DEL, C1, bidi overrides
 CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")

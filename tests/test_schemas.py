@@ -10,7 +10,7 @@ import pytest
 
 from hermes_kb.facts import FACT_TYPES, facts_json_schema, parse_fact
 from hermes_kb.kb.models import Case, Rule
-from hermes_kb.report import Report
+from hermes_kb.advisor.report import Report
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 

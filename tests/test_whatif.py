@@ -1,4 +1,4 @@
-"""The what-if replay (analyzers/whatif.py): hand-made traces whose replayed step times are worked
+"""The what-if replay (analyzers/whatif/replay.py): hand-made traces whose replayed step times are worked
 out below, the exact replay of an unchanged graph on real traces, and the critical-path bound."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 
 import hermes_kb
 from conftest import SHARED, X, needs_shared, write_trace
-from hermes_kb.analyzers import analyze_rank
-from hermes_kb.analyzers.whatif import (
+from hermes_kb.analysis.rank import analyze_rank
+from hermes_kb.analyzers.whatif.replay import (
     analysed_time,
     baseline_time,
     evaluate,
@@ -18,7 +18,7 @@ from hermes_kb.analyzers.whatif import (
     removed_together,
     replay,
 )
-from hermes_kb.analyzers.whatif_sets import WhatIfSet
+from hermes_kb.analyzers.whatif.sets import WhatIfSet
 
 ZOO = SHARED.parent.parent / "main" / "benchmarks" / "scenarios" / "recorded"
 
@@ -193,7 +193,7 @@ def test_half_of_the_sync_calls_go_whole(tmp_path):
                X("gpu_memcpy", copy, t0 + 215, 20, pid=0, tid=7,
                  args={"device": 0, "stream": 7, "correlation": 20 + i, "bytes": 8})]  # fmt: skip
     ctx, _ = ctx_of(write_trace(tmp_path / "t.json", ev))
-    from hermes_kb.analyzers.whatif import _drops
+    from hermes_kb.analyzers.whatif.replay import _drops
 
     m, g = ctx.shared["whatif_model"], ctx.shared["graph"]
     s = WhatIfSet.of_intervals("x", "the copies", 1, [20.0, 520.0], [240.0, 740.0], drop_waits=True)
@@ -214,8 +214,9 @@ def test_replays_split_over_two_processes_give_the_sequential_facts():
     in_fresh_process("""
 import os
 from conftest import SHARED
-from hermes_kb import load, workers
-from hermes_kb.analyzers import analyze_rank
+from hermes_kb import load
+from hermes_kb.core import workers
+from hermes_kb.analysis.rank import analyze_rank
 forks = []
 real = os.fork
 os.fork = lambda: forks.append(1) or real()
@@ -235,11 +236,11 @@ assert a == b and sum(f["replayed"] for f in a) >= 3
 @needs_shared()
 @pytest.mark.parametrize("rel", [REAL[1], REAL[0]])
 def test_deferred_replays_give_the_eager_report_and_the_eager_facts_they_replay(rel):
-    """advise replays only the sets a matched case names (hermes_kb/whatif_on_demand.py): the
+    """advise replays only the sets a matched case names (hermes_kb/advisor/on_demand.py): the
     report is the one the eager analysis gives, the replayed facts are its facts, the others
     carry their critical-path bound and say they were not replayed."""
-    from hermes_kb.advisor import advise_bundle_full
-    from hermes_kb.analysis import analyze_with_replay
+    from hermes_kb.advisor.run import advise_bundle_full
+    from hermes_kb.analysis.run import analyze_with_replay
 
     bundle = hermes_kb.load(str(SHARED / rel))
     lazy = advise_bundle_full(bundle)

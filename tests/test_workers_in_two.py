@@ -9,13 +9,13 @@ import os
 import pytest
 from conftest import in_fresh_process
 
-from hermes_kb import workers
+from hermes_kb.core import workers
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 
 _SETUP = """
 import os
-from hermes_kb import workers
+from hermes_kb.core import workers
 forks = []
 real = os.fork
 def counted():

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import hermes_kb
-from hermes_kb.run_advice import analyze_run_dir
+from hermes_kb.analysis.run_dir import analyze_run_dir
 
 ZOO = Path(__file__).resolve().parents[1] / "benchmarks" / "scenarios" / "recorded"
 

@@ -316,7 +316,7 @@ def main(name: str, make_run: Callable[[str], Run], label: Label, variants=("bad
     out.mkdir(parents=True, exist_ok=True)
     import torch
 
-    from hermes_kb.cpus import host_cpu
+    from hermes_kb.core.cpus import host_cpu
 
     torch.manual_seed(0)
     if args.child:

@@ -213,7 +213,7 @@ def main(name: str, make_run: Callable[[str, int, int], Run], label: Label, vari
         return keep_memory_check(out, make_run, args.check_keep_memory)
     import torch
 
-    from hermes_kb.cpus import host_cpu
+    from hermes_kb.core.cpus import host_cpu
 
     old = json.loads((out / "label.json").read_text()) if (out / "label.json").is_file() else {}
     quiet: dict[str, dict] = dict(old.get("recording_load", {}))

@@ -1,5 +1,5 @@
 """The step breakdown: each analysed step of a rank split into the components that hold it, an
-exclusive multi-component overlap (analyzers/breakdown.py; docs/analysis/breakdown.md). This is
+exclusive multi-component overlap (analyzers/timeline/breakdown.py; docs/analysis/breakdown.md). This is
 the first level of the paper's hierarchy: which component decides the step, before any cause."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Facts of the gradient-bucket search (analyzers/buckets.py): a model of a data-parallel job's
+"""Facts of the gradient-bucket search (analyzers/comm/buckets.py): a model of a data-parallel job's
 gradient collectives fitted on the trace, checked against the trace's own bucketing, and the
 bucket size it recommends. Model and measured error: docs/analysis/buckets.md."""
 

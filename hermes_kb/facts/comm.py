@@ -1,4 +1,4 @@
-"""Facts of the comm analyzer (analyzers/comm.py): collectives per process group and kind,
+"""Facts of the comm analyzer (analyzers/comm/comm.py): collectives per process group and kind,
 their exposure, bandwidth and message sizes on each rank, and the synchronisation waste of
 each collective across ranks. Formulas: docs/analysis/comm.md."""
 

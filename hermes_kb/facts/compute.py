@@ -1,4 +1,4 @@
-"""Facts of the compute analyzer (analyzers/compute.py; formulas in docs/analysis/compute.md)."""
+"""Facts of the compute analyzer (analyzers/compute/compute.py; formulas in docs/analysis/compute.md)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ class OperatorRoofline(Fact):
     kernels_count: int = measure("count", "kernels attributed to these calls")
     time_us: float = us("device time of the attributed kernels (CPU duration on CPU-only traces)")
     share_of_time_ratio: float = ratio("time_us / all device activity time (CPU op self time on CPU-only traces)")
-    flops: float = measure("flops", "FLOPs of all calls (analyzers/flops.py)")
+    flops: float = measure("flops", "FLOPs of all calls (analyzers/compute/flops.py)")
     bytes: float = measure("bytes", "bytes read and written by all calls (each operand once)")
     flops_exact: bool = Field(description="false when FLOPs/bytes rest on an assumption (conv stride, causal mask, ...)")
     achieved_flops_per_s: float = measure("flops_per_s", "flops / time")
@@ -235,7 +235,7 @@ class CpuThinMatmuls(Fact):
     per_sample_saving_low_us: float | None = us("step_us - target_step_slow_us / batch_factor", default=None)
 
 
-# --- per-kernel analysis (analyzers/kernels.py; docs/analysis/compute.md "Per kernel") ---------------
+# --- per-kernel analysis (analyzers/compute/kernels.py; docs/analysis/compute.md "Per kernel") ---------------
 CopyKind = Literal["dtype_cast", "strided_copy", "contiguous_copy", "concat", "fill", "index", "layout_transpose",
                    "host_transfer", "other"]  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""Facts of the cpu analyzer (analyzers/cpu.py): kernel launch and dispatch cost, host-device
+"""Facts of the cpu analyzer (analyzers/host/cpu.py): kernel launch and dispatch cost, host-device
 synchronisations and the operators behind them, Python garbage collection, torch.compile /
 autotuning activity, and how busy the host is next to the device. Formulas and thresholds:
 docs/analysis/cpu.md.
@@ -261,7 +261,7 @@ class OptimizerStep(Fact):
     device_idle_ratio: float | None = ratio("device_idle_us / window_us", default=None)
 
 
-# ---------------------------------------------------------------- Python in the step (analyzers/pyframes.py)
+# ---------------------------------------------------------------- Python in the step (analyzers/host/pyframes.py)
 
 
 class AutogradAnomaly(Fact):
@@ -360,7 +360,7 @@ class GcCollectCalls(Fact):
     collect_ratio: float = ratio("collect_us / window_us")
 
 
-# ---------------------------------------------------------------- framework operators (analyzers/dispatch.py)
+# ---------------------------------------------------------------- framework operators (analyzers/host/dispatch.py)
 
 
 class ZeroGrad(Fact):
@@ -440,7 +440,7 @@ class SyncBatchNormSync(Fact):
     blocking_ratio: float = ratio("blocking_us / window_us")
 
 
-# ---------------------------------------------------------------- runtime calls (analyzers/cpu.py)
+# ---------------------------------------------------------------- runtime calls (analyzers/host/cpu.py)
 
 
 class DeviceAllocation(Fact):

@@ -1,5 +1,5 @@
 """Facts about the critical path of each step: the chain of host work, launches, device work and
-waits that decided when the step finished (analyzers/critical_path.py;
+waits that decided when the step finished (analyzers/timeline/critical_path.py;
 docs/analysis/critical_path.md)."""
 
 from __future__ import annotations

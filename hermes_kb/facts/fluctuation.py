@@ -1,4 +1,4 @@
-"""Facts of the fluctuation analyzer (analyzers/fluctuation.py): statistics of the step-time
+"""Facts of the fluctuation analyzer (analyzers/timeline/fluctuation.py): statistics of the step-time
 series of each rank and of the job. Formulas: docs/analysis/fluctuation.md."""
 
 from __future__ import annotations

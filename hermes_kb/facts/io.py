@@ -1,4 +1,4 @@
-"""Facts of the io analyzer (analyzers/io.py): how long the training loop waits for its data,
+"""Facts of the io analyzer (analyzers/io/dataloader.py): how long the training loop waits for its data,
 what that wait is made of (the Hermes paper's reading / processing / fetching split, adapted to
 what a Kineto trace records), host time no trace event explains, and host-to-device copies.
 Formulas and thresholds: docs/analysis/io.md.
@@ -98,7 +98,7 @@ class DataLoaderWait(Fact):
     )
     decode_ratio: float = ratio("decode_us / wait_us", default=0.0)
 
-    # the CPU budget (only when the run's monitor log is analysed with the trace: analyzers/loader_cores.py)
+    # the CPU budget (only when the run's monitor log is analysed with the trace: analyzers/monitor/loader_cores.py)
     job_cores: float | None = measure(
         "cores", "CPUs per rank the job can spread loader work over: the machine's CPUs (the mask's when not "
         "pinned narrower) / the job's ranks on the host; null without a monitor log", default=None,
@@ -148,7 +148,7 @@ class UntracedHostTime(Fact):
     untraced_us: float = us("part of outside_ops_us covered by no python_function either")
     python_io_us: float = us(
         "part of python_us inside Python frames that block on I/O or the clock: open/write/flush/fsync/sleep, "
-        "pickler dump/load, torch.save/load, logging handlers, socket calls (analyzers/io.py PYTHON_IO_RE)",
+        "pickler dump/load, torch.save/load, logging handlers, socket calls (analyzers/io/dataloader.py PYTHON_IO_RE)",
         default=0.0,
     )
     python_io_ratio: float = ratio("python_io_us / window_us", default=0.0)
@@ -172,7 +172,7 @@ class UntracedHostTime(Fact):
     python_preprocess_us: float = us(
         "part of python_us inside input-preprocessing frames on the host threads, outside any DataLoader: image, "
         "video and audio decoding and transforms, tokenizers, Hugging Face processors and pipeline preprocess "
-        "(analyzers/io.py PREPROCESS_RE)", default=0.0,
+        "(analyzers/io/dataloader.py PREPROCESS_RE)", default=0.0,
     )
     python_preprocess_ratio: float = ratio("python_preprocess_us / window_us", default=0.0)
     python_preprocess_share_ratio: float = ratio(
@@ -196,7 +196,7 @@ class UntracedHostTime(Fact):
     python_stacks: bool = Field(description="the trace records Python stacks (with_stack)")
     top_gaps: list[HostGap] = Field(default_factory=list, description="the 3 longest gaps")
     # what is left of python_us once the measuring and the waiting are taken out (only when the run's monitor
-    # log is analysed with the trace: analyzers/profiler_overhead.py)
+    # log is analysed with the trace: analyzers/monitor/profiler_overhead.py)
     profiler_added_us: float | None = us(
         "window_us x profiler_overhead.added_ratio: what profiling added to these steps (0 when not measured); "
         "null without a monitor log", default=None,

@@ -1,4 +1,4 @@
-"""Facts measured on the always-on monitor's logs (analyzers/monitor_log.py): the whole run,
+"""Facts measured on the always-on monitor's logs (analyzers/monitor/run_log.py): the whole run,
 not a few profiled steps. Times are per-step values in µs unless the field says total.
 Formulas: docs/analysis/monitor.md."""
 
@@ -258,7 +258,7 @@ class MonitorEnvSetting(Fact):
 
 class ProfilerOverhead(Fact):
     """How much slower the profiled steps ran than the others, from the monitor's step records
-    matched by wall clock to the capture's step windows (analyzers/profiler_overhead.py). Times
+    matched by wall clock to the capture's step windows (analyzers/monitor/profiler_overhead.py). Times
     the profiler itself added are in the trace's operators and Python frames, so a cost the
     trace measures that is no larger than this is not evidence of a cost in the real run."""
 

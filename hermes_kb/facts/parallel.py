@@ -1,4 +1,4 @@
-"""Facts of the parallel analyzer (analyzers/parallel.py): imbalance across ranks and pipeline
+"""Facts of the parallel analyzer (analyzers/comm/parallel.py): imbalance across ranks and pipeline
 bubbles. Formulas: docs/analysis/parallel.md."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What-if facts: how much shorter the analysed steps get when a set of events a fix acts on is
-shortened, from a replay of the rank's dependency graph (analyzers/whatif.py;
+shortened, from a replay of the rank's dependency graph (analyzers/whatif/replay.py;
 docs/analysis/whatif.md)."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ TARGETS = frozenset({
     "dataloader", "host_gaps", "host_gaps_large", "python_io", "python_preprocess", "tiny_ops", "optimizer", "gc", "compile", "autotune", "syncs",
     "implicit_syncs", "explicit_syncs", "launch_calls", "host_work", "communication", "device_compute", "fp32_gemm",
     "fp32_conv", "fusable", "python_pauses", "h2d_pageable", "host_step",
-    # cpu (analyzers/pyframes.py, cpu.py, dispatch.py)
+    # cpu (analyzers/host/pyframes.py, cpu.py, dispatch.py)
     "anomaly", "tensor_format", "module_hooks", "construction", "gc_collect", "compile_wrappers", "zero_grad",
     "ddp_buffer_sync", "data_parallel", "sync_batchnorm", "device_alloc", "graph_capture", "state_copy",
-    # computation (analyzers/kernels.py, the per-kernel compute analysis)
+    # computation (analyzers/compute/kernels.py, the per-kernel compute analysis)
     "small_grid", "misaligned_gemms", "dtype_casts", "strided_copies", "concat_copies", "layout_transposes",
     "optimizer_kernels", "recompute", "fp64_kernels", "embedding_backward", "large_vocab_loss", "grad_scaler",
     "conv_fallback", "npu_cube_misaligned", "npu_fa_misaligned", "sdpa_math", "wave_tail",

@@ -17,7 +17,6 @@ Semantics shared by both engines (this evaluator and the durable-rules compiler)
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -25,25 +24,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+
 Op = Literal["==", "!=", "<", "<=", ">", ">=", "in", "not_in", "matches", "exists", "missing"]
 NEGATE = {"==": "!=", "!=": "==", "<": ">=", "<=": ">", ">": "<=", ">=": "<", "in": "not_in", "not_in": "in",
           "exists": "missing", "missing": "exists"}  # fmt: skip
-
-
-def sanitize_number(x: Any) -> Any:
-    """Numbers as both engines hold them: no NaN/inf (None), no exponent forms durable-rules
-    rejects (|x| < 1e-4 becomes 0.0; |x| >= 1e15 becomes an int), ints kept."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        return x
-    if isinstance(x, float):
-        if math.isnan(x) or math.isinf(x):
-            return None
-        if abs(x) >= 1e15:  # repr would use an exponent from 1e16 on
-            return max(min(int(round(x)), 2**63 - 1), -(2**63))
-        if abs(x) < 1e-4:  # repr uses an exponent below 1e-4
-            return 0.0
-        return x
-    return max(min(x, 2**63 - 1), -(2**63))  # the engine holds int64
 
 
 class Leaf(BaseModel):
@@ -282,3 +266,10 @@ def match_all(
 
 
 Expr.model_rebuild()
+
+
+def rank_local(patterns) -> bool:
+    """Every binding after the first joins an earlier one on rank: all its facts share one rank
+    (a fact without a rank joins nothing), so its matches lie inside one rank's facts."""
+    held = [p for p in compile_patterns(patterns) if not p.absent]
+    return all("rank" in p.join for p in held[1:])

@@ -1,13 +1,13 @@
 """Everything durable-rules-specific lives here.
 
-Sharp edges handled (ARCHITECTURE.md): definitions are deep-copied before registration (it
+Sharp edges handled (docs/architecture.md, "The rules engine"): definitions are deep-copied before registration (it
 mutates them); one Host per process, created lazily, without the background timer threads a
 Host normally starts (they call into the C engine concurrently and crash it), and used from
 one thread at a time behind a lock; rulesets are registered once per KB content (names carry a hash, since a name cannot
 be registered twice); every analysis uses the same session id (``SESSION``) and cleans up by
 retracting its facts (never delete_state): the C core keeps a state per session id for the life
 of the process, so a fresh id per call grew the process by ~2.9 MB a call (60 advise calls:
-+165 MB); with one id it holds flat (docs/reliability.md); numbers reach the engine sanitised (hermes_kb.kb.conditions);
++165 MB); with one id it holds flat (docs/reliability.md); numbers reach the engine sanitised (hermes_kb.facts.flat);
 identical facts are never asserted twice (they carry a unique _id); "not handled" and
 "observed" exceptions are expected and tolerated; actions take exactly one parameter (two
 would make durable run them asynchronously) and an exception inside one is recorded and
@@ -24,8 +24,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import HermesError
-from .conditions import CompiledPattern, NAll, NLeaf, and_refs, compare, compile_patterns, evaluate, sanitize_number
+from ..core.errors import HermesError
+from ..facts.flat import sanitize_number
+from .conditions import CompiledPattern, NAll, NLeaf, and_refs, compare, compile_patterns, evaluate, rank_local
+from . import matches
+from .matches import Match
 
 try:  # durable-rules does not import on Python 3.13+
     from durable import engine as _engine
@@ -319,29 +322,22 @@ def _drain(host, name: str, sid: str) -> None:
 # ranks at a time (a match of theirs never spans two ranks), so the engine holds one group's
 # facts, not the job's: at 256 DLRM ranks the cases' run held ~60 MB, ~0.25 MB a rank.
 PARTITION_MIN_FACTS = 20_000
-PARTITION_RANKS = 64
-
-
-def _rank_local(patterns) -> bool:
-    """Every binding after the first joins an earlier one on rank: all its facts share one rank
-    (a fact without a rank joins nothing), so its matches lie inside one rank's facts."""
-    held = [p for p in compile_patterns(patterns) if not p.absent]
-    return all("rank" in p.join for p in held[1:])
 
 
 def _partitions(items, facts: list[dict[str, Any]], attr: str) -> list[tuple[list, list[list[dict[str, Any]]]]]:
     """(items, fact groups) to run: every item on all facts, or, for a large job, the rank-local
-    items on groups of PARTITION_RANKS ranks (and the facts without a rank as one more group)."""
+    items on groups of matches.PARTITION_RANKS ranks (and the facts without a rank as one more group)."""
     if len(facts) < PARTITION_MIN_FACTS:
         return [(list(items), [facts])]
-    is_local = [_rank_local(getattr(e.item, attr)) for e in items]
+    is_local = [rank_local(getattr(e.item, attr)) for e in items]
     local = [e for e, yes in zip(items, is_local) if yes]
     spread = [e for e, yes in zip(items, is_local) if not yes]
     by_rank: dict[Any, list[dict[str, Any]]] = {}
     for f in facts:
         by_rank.setdefault(f.get("rank"), []).append(f)
     ranks = sorted((r for r in by_rank if r is not None), key=lambda r: (str(type(r)), r))
-    groups = [[f for r in ranks[i:i + PARTITION_RANKS] for f in by_rank[r]] for i in range(0, len(ranks), PARTITION_RANKS)]
+    size = matches.PARTITION_RANKS
+    groups = [[f for r in ranks[i:i + size] for f in by_rank[r]] for i in range(0, len(ranks), size)]
     if None in by_rank:
         groups.append(by_rank[None])
     return [(spread, [facts]), (local, groups)]
@@ -395,8 +391,6 @@ def _given(by_id: dict[Any, dict], bound: dict[str, Any]) -> dict[str, Any]:
 
 def run(kb, items, facts: list[dict[str, Any]], attr: str):
     """Matches of ``items`` (rules or cases) on ``facts`` (flat, with _id)."""
-    from .engine import Match
-
     if _engine is None:
         raise EngineError(f"durable-rules is not importable here: {_IMPORT_ERROR}")
     if not items or not facts:

@@ -6,8 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..facts.base import Fact
-from .conditions import NLeaf, compare, compile_patterns, evaluate, leaves, match_all, resolve_operand, sanitize_number
-from .engine import _by_kind, derive_bottlenecks, prepare, python_matches
+from ..facts.flat import sanitize_number
+from .conditions import NLeaf, compare, compile_patterns, evaluate, leaves, match_all, resolve_operand
+from .matches import facts_by_kind, derive_bottlenecks, prepare, python_matches
 from .loader import KnowledgeBase
 
 
@@ -42,7 +43,7 @@ def explain(kb: KnowledgeBase, item_id: str, facts: list[Fact]) -> str:
                                   for d in derived[:8]) or "none"))  # fmt: skip
     params = {k: sanitize_number(v) for k, v in kb.params[item_id].items()}
     patterns = compile_patterns(item.when if is_rule else item.conditions)
-    by_kind = _by_kind(flat)
+    by_kind = facts_by_kind(flat)
     for p in patterns:
         cands = by_kind.get(p.kind, [])
         head = f"- pattern {p.name}: {'no ' if p.absent else ''}fact '{p.kind}'"

@@ -17,7 +17,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from ..errors import ConfigError, HermesError
+from ..core.errors import ConfigError, HermesError
+from ..core.paths import PACKAGE, shipped_dir
 from ..facts import FACT_TYPES
 from ..facts.whatif import known_target
 from .conditions import Leaf, Pattern, and_refs, leaves, normalize
@@ -68,12 +69,11 @@ class KnowledgeBase:
 
 def kb_dirs() -> tuple[Path, Path]:
     """rules/ and cases/ as shipped: inside the package in a wheel install, at the repository
-    root in a source checkout or editable install."""
-    pkg = Path(__file__).resolve().parents[1]
-    for base in (pkg, pkg.parent):
-        if (base / "rules").is_dir() and (base / "cases").is_dir():
-            return base / "rules", base / "cases"
-    raise HermesError(f"the knowledge base (rules/, cases/) is not installed next to {pkg}")
+    root in a source checkout or editable install (core/paths.py, as for analyzers/)."""
+    rules, cases = shipped_dir("rules"), shipped_dir("cases")
+    if rules is None or cases is None:
+        raise HermesError(f"the knowledge base (rules/, cases/) is not installed next to {PACKAGE}")
+    return rules, cases
 
 
 def _mark(node, loc: tuple) -> tuple[int, int]:
@@ -208,7 +208,7 @@ def _tree_nodes(root) -> int:
 
 def _text(path: Path, what: str) -> str:
     """The file as text: a regular file, at most MAX_YAML_BYTES, UTF-8."""
-    from ..limits import read_limited
+    from ..core.limits import read_limited
 
     try:
         data = read_limited(path, MAX_YAML_BYTES, what)
@@ -389,6 +389,24 @@ def load_kb(rules_dir: Path | None = None, cases_dir: Path | None = None,
     return _load_checked(rules_dir or d_rules, cases_dir or d_cases, overrides)
 
 
+def named_for(path: Path, item_id: str) -> bool:
+    """A rule's or case's file is named for its id: ``<id>.yaml`` or ``<id>-<words>.yaml``."""
+    return path.stem == item_id or path.stem.startswith(item_id + "-")
+
+
+def find_item_file(item_id: str, rules_dir: Path | None = None, cases_dir: Path | None = None) -> Path | None:
+    """The file of a rule or case, found from its id in one step (its name starts with the id)."""
+    d_rules, d_cases = kb_dirs()
+    rules_dir, cases_dir = rules_dir or d_rules, cases_dir or d_cases
+    pattern = [f"{item_id}.yaml", f"{item_id}-*.yaml"]
+    for base, glob in ((Path(rules_dir), ""), (Path(cases_dir), "*/")):
+        for pat in pattern:
+            hits = sorted(base.glob(glob + pat))
+            if hits:
+                return hits[0]
+    return None
+
+
 def _load_checked(rules_dir: Path, cases_dir: Path, overrides) -> KnowledgeBase:
     problems: list[str] = []
     kb = KnowledgeBase()
@@ -423,6 +441,9 @@ def _load_checked(rules_dir: Path, cases_dir: Path, overrides) -> KnowledgeBase:
             continue
         seen[item.id] = p
         n_before = len(problems)
+        if not named_for(path, item.id):
+            problems.append(_where(p, nodes, ("id",), f"the file name must start with the id: {item.id}-<short-title>.yaml "
+                                                       f"(a rule or case is found by its id)"))  # fmt: skip
         if isinstance(item, Rule):
             bound = _check_patterns(item.when, item.parameters, ("when",), p, nodes, problems)
             _check_ref(item.emit.share, bound, ("emit", "share"), p, nodes, problems)
@@ -539,4 +560,4 @@ def load_overrides(path: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-__all__ = ["Entry", "KbError", "KnowledgeBase", "Leaf", "kb_dirs", "load_kb", "load_overrides"]
+__all__ = ["Entry", "KbError", "KnowledgeBase", "Leaf", "find_item_file", "kb_dirs", "load_kb", "load_overrides", "named_for"]

@@ -1,8 +1,8 @@
 """Inference on a streamed job whose facts are on disk (fact_store.SpilledFacts), a group of
 ranks at a time, with the same matches as ``engine.infer`` on the whole fact list.
 
-A rule or case whose bindings all join on rank (durable_engine._rank_local) can only match facts
-of one rank: it runs on each group of ``durable_engine.PARTITION_RANKS`` ranks read back from the
+A rule or case whose bindings all join on rank (conditions.rank_local) can only match facts
+of one rank: it runs on each group of ``matches.PARTITION_RANKS`` ranks read back from the
 file, as durable_engine already does for a large job in memory. What a group alone cannot show
 is given to every group: the facts of the kinds that such an item's absent patterns look for
 without joining on rank. A match found there on a rank outside the group is left to that rank's
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .conditions import compile_patterns
+from .conditions import compile_patterns, rank_local
 from .loader import KnowledgeBase
 
 # kinds the advisor reads for every rank from Inference.facts (advisor._windows, _breakdowns,
@@ -27,9 +27,7 @@ ADVISOR_KINDS = frozenset({"step_time", "step_breakdown"})
 
 
 def _rank_local(item: Any, attr: str) -> bool:
-    from .durable_engine import _rank_local as local
-
-    return local(getattr(item, attr))
+    return rank_local(getattr(item, attr))
 
 
 def _kinds(items: list, attr: str, *, absent_off_rank_only: bool = False) -> set[str]:
@@ -50,8 +48,8 @@ def _ranks_of(m: Any) -> set:
 
 def infer_spilled(kb: KnowledgeBase, store: Any, run: Callable, engine: str) -> Any:
     """``engine.infer`` for a SpilledFacts store; ``run(kb, items, facts, attr)`` is the engine's."""
-    from .durable_engine import PARTITION_RANKS
-    from .engine import Inference, Match, derive_bottlenecks
+    from . import matches
+    from .matches import Inference, Match, derive_bottlenecks
 
     rules, cases = kb.active_rules(), kb.active_cases()
     local_rules = [e for e in rules if _rank_local(e.item, "when")]
@@ -70,7 +68,7 @@ def infer_spilled(kb: KnowledgeBase, store: Any, run: Callable, engine: str) -> 
         for b in derived:
             by_rank.setdefault(b.get("rank"), []).append(b)
         given = [f for f in kept + derived if f.get("kind") in off_rank]
-        for ranks, flats in store.flat_groups(PARTITION_RANKS):
+        for ranks, flats in store.flat_groups(matches.PARTITION_RANKS):
             group = flats + [b for r in ranks for b in by_rank.get(r, [])]
             ids = {f["_id"] for f in group}
             group += [f for f in given if f["_id"] not in ids]

@@ -13,8 +13,10 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from .conditions import compile_patterns, leaves, sanitize_number
-from .engine import Match, durable_available, prepare, python_matches
+from ..facts.flat import sanitize_number
+from .conditions import compile_patterns, leaves
+from .engine import durable_available
+from .matches import Match, prepare, python_matches
 from .loader import Entry, KnowledgeBase
 
 EPS_REL = 1e-3

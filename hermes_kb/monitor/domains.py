@@ -39,7 +39,7 @@ HOOKED_BACKENDS = ("nccl",)
 _SAFE = re.compile(r"[^A-Za-z0-9_.:-]+")
 
 
-def _dist() -> Any | None:
+def torch_distributed() -> Any | None:
     d = sys.modules.get("torch.distributed")
     try:
         if d is not None and d.is_available() and d.is_initialized():
@@ -56,7 +56,7 @@ def safe_name(name: str) -> str:
 def discover(dist: Any | None = None) -> list[dict[str, Any]]:
     """[{name, label, ranks, backend}] of the process groups this rank is in (2 ranks or more),
     the default group first; [] when torch.distributed is not initialised."""
-    dist = dist or _dist()
+    dist = dist or torch_distributed()
     if dist is None:
         return []
     try:

@@ -7,7 +7,7 @@ import os
 import platform
 import sys
 
-from ..cpus import host_cpu
+from ..core.cpus import host_cpu
 
 ENV_PREFIXES = ("NCCL_", "HCCL_", "TORCH_", "CUDA_", "ASCEND_", "OMP_", "MKL_", "KMP_", "PYTORCH_", "TORCHINDUCTOR_")
 ENV_NAMES = ("OMP_NUM_THREADS", "CUDA_LAUNCH_BLOCKING", "ASCEND_LAUNCH_BLOCKING", "PYTORCH_CUDA_ALLOC_CONF",

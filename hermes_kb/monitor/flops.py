@@ -8,9 +8,9 @@ from hermes' tables. The monitor never imports torch: this runs only when the jo
   Not counted when the step cannot be seen operator by operator (a ``torch.compile`` graph, a
   CUDA graph replay, another dispatch mode active at the boundary): then the first capture's
   trace gives them (torch.profiler ``with_flops``: the same formulas over the captured steps).
-- Peak: a GPU by its name in ``hermes_kb.devices`` (the dense matmul peak of the dtype that did
+- Peak: a GPU by its name in ``hermes_kb.core.devices`` (the dense matmul peak of the dtype that did
   most FLOPs; FP32 counts against TF32 when torch allows TF32 matmuls); a CPU from
-  ``hermes_kb.cpus`` (FP32 FMA peak of one core at the recorded clock, two FMA units, times the
+  ``hermes_kb.core.cpus`` (FP32 FMA peak of one core at the recorded clock, two FMA units, times the
   cores the job computes on: min(torch threads, usable CPUs)).
 """
 
@@ -118,8 +118,8 @@ def dominant(by_dtype: dict[str, float]) -> str:
 
 def device_peak(torch: Any, dtype: str) -> tuple[float, str] | tuple[None, str]:
     """(peak FLOP/s, how it was obtained) of the device this rank computes on."""
-    from ..cpus import fp32_fma_peak_per_core, host_cpu, usable_cpus
-    from ..devices import lookup
+    from ..core.cpus import fp32_fma_peak_per_core, host_cpu, usable_cpus
+    from ..core.devices import lookup
 
     try:
         cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
@@ -134,7 +134,7 @@ def device_peak(torch: Any, dtype: str) -> tuple[float, str] | tuple[None, str]:
         except Exception as exc:
             return None, f"device not read ({type(exc).__name__})"
         if spec is None:
-            return None, f"{name} is not in hermes' device table (hermes_kb/devices.py)"
+            return None, f"{name} is not in hermes' device table (hermes_kb/core/devices.py)"
         tf32 = False
         try:
             tf32 = bool(torch.backends.cuda.matmul.allow_tf32) or torch.get_float32_matmul_precision() != "highest"
@@ -159,7 +159,7 @@ def device_peak(torch: Any, dtype: str) -> tuple[float, str] | tuple[None, str]:
     peak = per_core[1] * cores
     return peak, (f"CPU {cpu.get('model') or '?'}: FP32 FMA peak {per_core[1] / 1e9:,.1f} GFLOP/s per core "
                   f"(two FMA units at {cpu.get('mhz')} MHz) x {cores} core(s) (min of torch threads and usable "
-                  f"CPUs; hermes_kb/cpus.py)")  # fmt: skip
+                  f"CPUs; hermes_kb/core/cpus.py)")  # fmt: skip
 
 
 def trace_flops(prof: Any) -> float | None:

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import MAX_RANK, BadTraceError, as_rank
-from ..limits import open_regular
-from ..workers import Died, run_each
+from ..core.errors import MAX_RANK, BadTraceError, as_rank
+from ..core.limits import open_regular
+from ..core.workers import Died, run_each
 
 LOG_RE = re.compile(r"^rank(\d+)\.jsonl$")
 CAPTURE_RE = re.compile(r"^rank(\d+)\.capture(.+)\.json\.gz$")

@@ -24,7 +24,7 @@ except ImportError:  # Windows
 from .capture import Capturer
 from .detect import RollingDetector
 from .device import DeviceTimer, cuda_event_factory, device_allocator
-from .domains import CommTimer, _dist, discover
+from .domains import CommTimer, torch_distributed, discover
 from .env import detect_rank, environment
 from .peers import PeerBoard
 from .procs import ProcessSampler, main_thread_ns
@@ -802,7 +802,7 @@ class Monitor:
 
     def _scan_domains(self) -> None:
         """The process groups of torch.distributed (once initialised), and their collectives timed."""
-        dist = _dist()
+        dist = torch_distributed()
         if dist is None:
             return
         found = discover(dist)

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from ..fact_store import of_kinds
+from ..analysis.run_dir import step_series
+from ..facts.store import of_kinds
 from ..facts.base import Fact
-from ..report import PathOp, Report, SlowRank, StepPoint
+from ..advisor.report import PathOp, Report, SlowRank, StepPoint
 
 MAX_POINTS = 2000
 # the fact kinds read here
@@ -28,41 +27,9 @@ def _downsample(points: list[StepPoint], limit: int = MAX_POINTS) -> list[StepPo
 
 
 def _run_series(log) -> list[StepPoint]:
-    """A monitor rank log's steps after warm-up, spikes by the monitor analyzer's own test and
-    attribution (analyzers/monitor_log.py: rolling median and MAD, the largest of GC, checkpoint,
-    marked events, data wait explaining half the excess)."""
-    from ..analyzers import monitor_log as ml
-
-    s = ml._Series(log)
-    n = len(s)
-    if n == 0:
-        return []
-    spike = np.zeros(n, dtype=bool)
-    excess = np.zeros(n)
-    cause = np.full(n, None, dtype=object)
-    if n >= 3:
-        med, mad = ml.rolling_median_mad(s.wall)
-        spike = s.wall > med + np.maximum(ml.SPIKE_K * ml.MAD_SCALE * mad, ml.MIN_REL * med)
-        excess = np.where(spike, s.wall - med, 0.0)
-        dw_med = float(np.median(s.dw))
-        parts = {"gc": np.minimum(s.gc, excess), "checkpoint": np.zeros(n), "marked_event": np.zeros(n),
-                 "data_wait": np.minimum(np.maximum(s.dw - dw_med, 0.0), excess)}  # fmt: skip
-        pos = {int(st): i for i, st in enumerate(s.step)}
-        for st, evs in s.events.items():
-            i = pos.get(st)
-            if i is None:
-                continue
-            for name, sec in evs.items():
-                key = "checkpoint" if ml.CHECKPOINT_RE.search(name) else "marked_event"
-                parts[key][i] += (sec if not np.isnan(sec) else 0.0) * 1e6
-        names = list(parts)
-        stack = np.vstack([np.minimum(parts[k], excess) for k in names])
-        best = np.argmax(stack, axis=0)
-        best_val = stack[best, np.arange(n)]
-        for i in np.flatnonzero(spike):
-            cause[i] = names[best[i]] if best_val[i] >= ml.ATTRIBUTE * excess[i] else "unexplained"
-    return [StepPoint(step=int(s.step[i]), duration_us=round(float(s.wall[i]), 3), spike=cause[i],
-                      excess_us=round(float(excess[i]), 3) if spike[i] else None) for i in range(n)]  # fmt: skip
+    """A monitor rank log's steps after warm-up, with the monitor analyzer's spikes and causes."""
+    return [StepPoint(step=st, duration_us=round(d, 3), spike=cause, excess_us=round(ex, 3) if ex is not None else None)
+            for st, d, cause, ex in step_series(log)]  # fmt: skip
 
 
 def _spike_steps(facts: list[Fact]) -> dict[int | None, set[int]]:

@@ -1,4 +1,4 @@
-"""Render a DiffResult (hermes_kb/diff.py): terminal, Markdown, HTML, JSON. The same escaping as
+"""Render a DiffResult (hermes_kb/tools/diff.py): terminal, Markdown, HTML, JSON. The same escaping as
 the report: control characters cleaned from every string, then rich markup / Markdown / HTML
 escaping (render/report.py, render/html.py)."""
 
@@ -9,10 +9,10 @@ from pathlib import PurePath
 
 from markupsafe import Markup
 
-from ..diff import DiffResult
-from ..sanitize import clean_model, json_terminal_safe
+from ..tools.diff import DiffResult
+from ..core.sanitize import clean_model, json_terminal_safe
 from . import svg
-from .report import _env, indented
+from .report import template_env, indented
 
 _NAMES = {"compute": "compute", "communication": "exposed communication", "host": "host", "data": "data wait",
           "idle": "idle", "host_launch": "  launch", "host_dispatch": "  dispatch", "host_python": "  Python"}  # fmt: skip
@@ -36,11 +36,11 @@ def _filters(env):
 
 
 def render_diff_markdown(d: DiffResult) -> str:
-    return _filters(_env(False)).get_template("diff.md.j2").render(**_ctx(clean_model(d)))
+    return _filters(template_env(False)).get_template("diff.md.j2").render(**_ctx(clean_model(d)))
 
 
 def render_diff_terminal_markup(d: DiffResult) -> str:
-    return _filters(_env(True)).get_template("diff.term.j2").render(**_ctx(clean_model(d)))
+    return _filters(template_env(True)).get_template("diff.term.j2").render(**_ctx(clean_model(d)))
 
 
 def render_diff_terminal(d: DiffResult):

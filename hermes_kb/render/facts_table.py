@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..facts.base import Fact
-from ..sanitize import clean_line
+from ..core.sanitize import clean_line
 from .inspect_table import console_for_output
 
 _SKIP = {"kind", "rank", "step", "evidence"}

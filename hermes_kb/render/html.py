@@ -11,10 +11,10 @@ from pathlib import PurePath
 import jinja2
 from markupsafe import Markup
 
-from ..report import Report
-from ..sanitize import clean_model
+from ..advisor.report import Report
+from ..core.sanitize import clean_model
 from . import svg
-from .report import _TEMPLATES, _WORDS, MIN_SPEEDUP, breakdown_rows, shown_findings
+from .report import TEMPLATES, WORDS, MIN_SPEEDUP, breakdown_rows, shown_findings
 
 MAX_HTML_RANKS = 64  # breakdown bars
 MAX_SERIES_RANKS = 8  # lines in the step-time chart
@@ -33,7 +33,7 @@ def _num(v) -> str:
 
 def env() -> jinja2.Environment:
     e = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(_TEMPLATES)),
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
         autoescape=True,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -78,7 +78,7 @@ def render_html(report: Report) -> str:
         "title": ", ".join(PurePath(s).name for s in r.inputs.sources[:3]) or "report",
         "rows": rows,
         "components": svg.COMPONENTS,
-        "words": _WORDS,
+        "words": WORDS,
         "ranks_left_out": max(0, len([s for s in r.summary if s.breakdown_us]) - MAX_HTML_RANKS),
         "breakdown_chart": svg.breakdown_chart(rows) if rows else Markup(""),
         "breakdown_legend": svg.legend([(n, c) for _, n, c in svg.COMPONENTS] + [("holds the step (outlined)", "#000")]),

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..sanitize import clean_line
+from ..core.sanitize import clean_line
 from ..trace.summary import BundleSummary
 
 COUNTS = ("cpu_ops", "python", "annotations", "kernels", "runtime", "memcpy", "syncs", "collectives", "memory")

@@ -38,7 +38,7 @@ class Stages:
     def stage(self, what: str, done: int | None = None, total: int | None = None) -> None:
         if self._bar is None:
             return
-        from ..sanitize import clean_line
+        from ..core.sanitize import clean_line
 
         self._bar.update(self._task, description=clean_line(what), completed=done or 0, total=total)
         self._bar.refresh()

@@ -1,6 +1,6 @@
 """Render a Report through the jinja2 templates in hermes_kb/templates (or as JSON).
 
-Every string of the report is cleaned of control characters first (hermes_kb/sanitize.py), then
+Every string of the report is cleaned of control characters first (hermes_kb/core/sanitize.py), then
 escaped for the output's own syntax: rich markup for the terminal, Markdown (no trace text can
 open HTML, close a code span or end a fenced block) for ``md``, HTML for ``html``
 (render/html.py)."""
@@ -16,10 +16,10 @@ from rich.console import Group, RenderableType
 from rich.markup import escape as rich_escape
 from rich.text import Text
 
-from ..report import Report
-from ..sanitize import clean, clean_line, clean_model, json_terminal_safe
+from ..advisor.report import Report
+from ..core.sanitize import clean, clean_line, clean_model, json_terminal_safe
 
-_TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|])")
 
@@ -91,9 +91,9 @@ def _bar(share: float, width: int = 20) -> str:
     return "█" * n + "·" * (width - n)
 
 
-def _env(terminal: bool) -> jinja2.Environment:
+def template_env(terminal: bool) -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(_TEMPLATES)),
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
         autoescape=False,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -109,11 +109,11 @@ def _env(terminal: bool) -> jinja2.Environment:
 
 # findings whose best case is below this speedup are left out of the terminal and Markdown
 # reports (they stay in JSON): within the noise of a real job's step time
-from ..advisor import MIN_REPORTED_SPEEDUP as MIN_SPEEDUP  # noqa: E402
+from ..advisor.findings import MIN_REPORTED_SPEEDUP as MIN_SPEEDUP  # noqa: E402
 MAX_RANK_ROWS = 16
 _TOP = ("compute", "communication", "host", "data", "idle")
 _HOST = ("host_launch", "host_dispatch", "host_python")
-_WORDS = {
+WORDS = {
     "compute": "the device's computation",
     "communication": "exposed communication (collectives nothing hides)",
     "host": "the host (launches, operator dispatch, Python between operators)",
@@ -152,17 +152,17 @@ def shown_findings(report: Report) -> tuple[list, int]:
 def _context(report: Report) -> dict:
     shown, hidden = shown_findings(report)
     return {"report": report, "rows": breakdown_rows(report), "findings": shown, "hidden": hidden,
-            "top": _TOP, "words": _WORDS, "min_speedup": MIN_SPEEDUP,
+            "top": _TOP, "words": WORDS, "min_speedup": MIN_SPEEDUP,
             "ranks_left_out": max(0, len([s for s in report.summary if s.breakdown_us]) - MAX_RANK_ROWS)}  # fmt: skip
 
 
 def render_markdown(report: Report) -> str:
-    return _env(False).get_template("report.md.j2").render(**_context(clean_model(report)))
+    return template_env(False).get_template("report.md.j2").render(**_context(clean_model(report)))
 
 
 def render_terminal_markup(report: Report) -> str:
     """The terminal report as rich markup, one line per line (``render_terminal`` wraps it)."""
-    return _env(True).get_template("report.term.j2").render(**_context(clean_model(report)))
+    return template_env(True).get_template("report.term.j2").render(**_context(clean_model(report)))
 
 
 _BULLET = re.compile(r"^( *)((?:→|·|•|-|│|\d+\.|warning:) )?")

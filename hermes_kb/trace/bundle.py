@@ -55,7 +55,7 @@ class TraceMeta:
     host_cpu: dict[str, Any] = field(default_factory=dict)
     torch_threads: int | None = None
     # the host's own time per step unprofiled over profiled, where a monitor log timed both: the
-    # what-if replay scales the host events by it (analyzers/whatif.py)
+    # what-if replay scales the host events by it (analyzers/whatif/replay.py)
     profiler_host_scale: float | None = None
 
     @property
@@ -161,3 +161,13 @@ class TraceBundle:
     @property
     def sources(self) -> list[str]:
         return [self.ranks[r].meta.source for r in self.rank_ids]
+
+
+def platform_of(bundle: TraceBundle) -> str:
+    """npu (an Ascend export among the ranks), gpu (device activities) or cpu."""
+    if any(t.meta.format == "ascend" for t in bundle):
+        return "npu"
+    if any(t.has_device for t in bundle):
+        return "gpu"
+    return "cpu"
+

@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Callable
 
-from ..errors import BadTraceError, HermesError, InputNotFoundError, NoTracesError, as_rank
-from ..cpus import usable_cpus
-from ..workers import Died, run_each
-from .ascend_files import OUTPUT_DIR, ascend_rank_dir, find_ascend_ranks
+from ..core.errors import BadTraceError, HermesError, InputNotFoundError, NoTracesError, as_rank
+from ..core.cpus import usable_cpus
+from ..core.workers import Died, run_each
+from .ascend.files import OUTPUT_DIR, ascend_rank_dir, find_ascend_ranks
 from .bundle import LoadProblem, RankTrace, TraceBundle, TraceMeta
-from .kineto import distributed_rank, parse_kineto
+from .kineto.reader import distributed_rank, parse_kineto
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 _RANK_RE = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
@@ -79,10 +79,10 @@ def rank_from_filename(path: str) -> int | None:
     return as_rank(m.group(1)) if m else None
 
 
-def _parse_one(path: str, split: bool = True) -> tuple[str, RankTrace | None, float, HermesError | None]:
+def parse_one(path: str, split: bool = True) -> tuple[str, RankTrace | None, float, HermesError | None]:
     try:
         if os.path.isdir(path):
-            from .ascend import parse_ascend
+            from .ascend.reader import parse_ascend
 
             af = ascend_rank_dir(Path(path))
             if af is None:
@@ -122,16 +122,16 @@ def _parse_all(files: list[str], max_workers: int | None, progress: Progress | N
             progress(finished, len(files), files[i])
 
     out = []
-    for f, res in zip(files, run_each(_parse_one, [(f, n == 1) for f in files], n, done)):
+    for f, res in zip(files, run_each(parse_one, [(f, n == 1) for f in files], n, done)):
         if isinstance(res, Died):
             res = (f, None, 0.0, BadTraceError(f"not loaded: {res.describe()}", f))
-        elif isinstance(res, BaseException):  # _parse_one catches everything; kept for safety
+        elif isinstance(res, BaseException):  # parse_one catches everything; kept for safety
             res = (f, None, 0.0, BadTraceError(f"unexpected {type(res).__name__} while reading: {res}", f))
         out.append(res)
     return out
 
 
-def _names_a_file(warning: str) -> bool:
+def names_a_file(warning: str) -> bool:
     first = warning.split(": ", 1)[0]
     return "/" in first or os.sep in first or first.endswith((".json", ".gz", ".csv", ".db", ".jsonl"))
 
@@ -200,7 +200,7 @@ def load(
     traces = [t for t, _ in good]
     notes = assign_ranks(traces)
     for t in traces:  # damage a reader dropped or skipped reaches every report, named by file
-        notes.extend(w if _names_a_file(w) else f"{t.meta.source}: {w}" for w in t.warnings)
+        notes.extend(w if names_a_file(w) else f"{t.meta.source}: {w}" for w in t.warnings)
     origin = min(first for _, first in good)
     for t, first in good:
         t.shift(first - origin)

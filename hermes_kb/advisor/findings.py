@@ -1,0 +1,171 @@
+"""From matches to ranked findings with expected gains, and the Report.
+
+Expected gain of a finding: the per-step time R the case's optimization can remove (a field
+the case names, taken from overlap / critical-path / exposed-time facts, never a raw total),
+the step time T it is part of, and the case's fraction range [f_lo, f_hi] of R the fix
+removes: speedup = T / (T - f * R). Severity is by the share of the step at stake, the most
+the fix can remove, f_hi * R / T: high >= 10%, medium >= 3%, low below (docs/advice.md)."""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any
+
+from ..facts.base import Fact
+from ..kb.matches import Inference, Match
+from ..kb.loader import KnowledgeBase
+from ..kb.models import Case
+from .explain import explain
+from .gains import MatchGain, breakdowns, gain_rank, match_gain, mean_steps, step_windows
+from .ranking import merge_findings
+from .report import SEVERITY_ORDER, EvidenceItem, Finding, OptimizationAdvice, Removable, Speedup
+from .whatif_index import whatif_index
+
+
+HIGH_SHARE = 0.10
+
+# findings below this speedup at their best are kept in JSON but left out of the text reports
+# and of the combined gain: within the step-to-step noise of a real job
+MIN_REPORTED_SPEEDUP = 1.02
+
+MEDIUM_SHARE = 0.03
+
+def severity_of(share: float) -> str:
+    return "high" if share >= HIGH_SHARE else "medium" if share >= MEDIUM_SHARE else "low"
+
+def _how_to(case_opt, platform: str) -> str:
+    h = case_opt.how_to
+    if platform == "npu":
+        return h.npu or h.any or h.gpu or ""
+    return (h.gpu if platform == "gpu" else None) or h.any or h.gpu or h.npu or ""
+
+def evidence_of(m: Match, inf: Inference) -> list[EvidenceItem]:
+    out = []
+    for name, flat in m.bindings.items():
+        fact: Fact | None = inf.originals.get(flat["_id"])
+        values = {k: v for k, v in flat.items() if k not in ("_id", "kind", "rank", "step", "sid")}
+        ev = fact.evidence if fact is not None else None
+        out.append(
+            EvidenceItem(
+                fact=flat.get("kind", "?"),
+                scope=fact.scope() if fact is not None else "",
+                values=values,
+                time_ranges_us=list(ev.time_ranges_us[:5]) if ev else [],
+                events=list(ev.events[:10]) if ev else [],
+                note=ev.note if ev else None,
+            )
+        )
+    return out
+
+def findings_from(inf: Inference, kb: KnowledgeBase, platform: str) -> list[Finding]:
+    """Ranked findings; those claiming the same critical-path time as a better one nested in it."""
+    findings, _ = findings_and_plans(inf, kb, platform)
+    return merge_findings(findings, whatif_index(inf, kb))
+
+def considered(inf: Inference, cases: dict[str, Case], platform: str) -> dict[str, list[Match]]:
+    """The case matches the advisor turns into findings: per case, those for this platform."""
+    by_case: dict[str, list[Match]] = defaultdict(list)
+    for m in inf.cases:
+        case = cases[m.item_id]
+        if case.hardware != "any" and case.hardware != platform:
+            continue
+        by_case[m.item_id].append(m)
+    return by_case
+
+def whatif_targets(inf: Inference, kb: KnowledgeBase, platform: str) -> set[tuple[Any, str]]:
+    """(rank, what-if set) of every considered match whose gain replays a set (what
+    whatif_on_demand.replay_needed replays); a job-wide match (no rank) names none, as match_gain
+    looks the set up by rank."""
+    cases = {e.item.id: e.item for e in kb.cases}
+    return {(gain_rank(cases[cid], m), cases[cid].gain.whatif.target)
+            for cid, ms in considered(inf, cases, platform).items() if cases[cid].gain.whatif is not None
+            for m in ms}  # fmt: skip
+
+def findings_and_plans(inf: Inference, kb: KnowledgeBase, platform: str) -> tuple[list[Finding], dict[str, list[MatchGain]]]:
+    """One finding per case, and per case the gains of its matches (for the combined replay)."""
+    cases = {e.item.id: e.item for e in kb.cases}
+    windows = step_windows(inf.facts)
+    step_means = mean_steps(windows)
+    whatif = whatif_index(inf, kb)
+    bds = breakdowns(inf.facts)
+    by_case = considered(inf, cases, platform)
+    findings: list[Finding] = []
+    plans: dict[str, list[MatchGain]] = {}
+    for case_id, matches in by_case.items():
+        case = cases[case_id]
+        gains = [g for g in (match_gain(case, m, step_means, whatif, bds, windows) for m in matches) if g is not None]
+        if not gains:
+            continue
+        plans[case_id] = gains
+        # several matches (ranks, steps) of one case become one finding: the median of each
+        # quantity across them (data-parallel ranks wait for each other, so one rank's gain is not
+        # the job's; the median is the typical rank)
+        # per step: a match over the whole analysed window and one over a single step compare
+        t = statistics.median(g.per_step(g.step) for g in gains)
+        r = statistics.median(g.per_step(g.removes) for g in gains)
+        rm_lo = statistics.median(g.per_step(g.lo) for g in gains)
+        rm_hi = statistics.median(g.per_step(g.hi) for g in gains)
+        sp_lo = t / max(t - rm_lo, 1e-9)
+        sp_hi = t / max(t - rm_hi, 1e-9)
+        share = r / t
+        # at stake: what the fix can remove at best, as a share of the step
+        severity = severity_of(rm_hi / t)
+        if case.max_severity is not None and SEVERITY_ORDER[severity] > SEVERITY_ORDER[case.max_severity]:
+            severity = case.max_severity
+        ranks = sorted({v.get("rank") for m in matches for v in m.bindings.values() if v.get("rank") is not None})
+        steps = sorted({v.get("step") for m in matches for v in m.bindings.values() if v.get("step") is not None})
+        best = max(matches, key=lambda m: sum(1 for v in m.bindings.values() if v.get("step") is None))
+        confidence = 0.8 if case.status == "stable" else 0.6
+        if len(steps) >= 3 or any(v.get("step") is None for v in best.bindings.values()):
+            confidence += 0.1
+        typical = min(gains, key=lambda g: abs(g.per_step(g.hi) - rm_hi))
+        window = (f" The amounts below are over the {typical.per} analysed steps; per step they are 1/{typical.per} of that."
+                  if typical.per > 1 else "")  # fmt: skip
+        assumption = (f"{case.gain.assumption.strip()} Measured: {r / 1e3:,.2f} ms per step ({share:.0%} of a "
+                      f"{t / 1e3:,.2f} ms step; median over {len(gains)} match(es)).{window} {typical.note} Removable: "
+                      f"{rm_lo / 1e3:,.2f}-{rm_hi / 1e3:,.2f} ms per step; speedup = step time / (step time - removed).")  # fmt: skip
+        findings.append(
+            Finding(
+                case_id=case.id,
+                title=case.title,
+                category=case.category,
+                cause=case.cause,
+                severity=severity,
+                confidence=round(min(confidence, 0.95), 2),
+                expected_speedup=Speedup(low=round(sp_lo, 3), high=round(sp_hi, 3)),
+                time_at_stake_us=round(r, 3),
+                step_time_us=round(t, 3),
+                share_of_step_ratio=round(min(share, 1.0), 4),
+                removable_us=Removable(low=round(rm_lo, 3), high=round(rm_hi, 3)),
+                replayed=case.gain.whatif is not None and "Replayed" in typical.note,
+                profile_only=tuple(case.gain.fraction) == (0.0, 0.0),
+                whatif_target=case.gain.whatif.target if case.gain.whatif is not None else None,
+                component=component_of(case),
+                assumption=assumption,
+                ranks=ranks,
+                steps=steps,
+                evidence=evidence_of(best, inf),
+                optimizations=[
+                    OptimizationAdvice(title=o.title, how_to=_how_to(o, platform), snippet=o.snippet, cost=o.cost,
+                                       risk=o.risk)  # fmt: skip
+                    for o in case.optimizations
+                ],
+                explanation=explain(case, best, inf.originals),
+                references=list(case.references),
+            )
+        )
+    return findings, plans
+
+def component_of(case: Case) -> str | None:
+    """The breakdown component (compute / communication / host / data / idle) the finding sits in."""
+    if case.category == "io":
+        return "data"
+    if case.category == "computation":
+        return "compute"
+    if case.category in ("communication", "parallel"):
+        return "communication"
+    return "host" if case.category == "cpu" else None
+
+
+__all__ = ["HIGH_SHARE", "MEDIUM_SHARE", "MIN_REPORTED_SPEEDUP", "component_of", "considered", "evidence_of", "findings_and_plans", "findings_from", "severity_of", "whatif_targets"]

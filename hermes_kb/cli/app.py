@@ -1,0 +1,61 @@
+"""The `hermes` command: wiring only; each command group is a module of this package and the
+work lives in the library."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from ..core.errors import EXIT_OK, HermesError
+from ..core.version import __version__
+from . import advise, compare, inputs
+from .common import CONTEXT
+from .kb import kb_app
+from .monitor import monitor_app
+from .schema import schema_app
+
+app = typer.Typer(
+    name="hermes",
+    help="Explain why deep-learning training is slow, from profiler traces.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings=CONTEXT,
+)
+for command in (inputs.inspect, inputs.analyze, advise.advise, compare.diff, compare.annotate):
+    app.command()(command)
+app.add_typer(kb_app, name="kb")
+app.add_typer(monitor_app, name="monitor")
+app.add_typer(schema_app, name="schema")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"hermes {__version__}")
+        raise typer.Exit(EXIT_OK)
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="print the version and exit")
+    ] = False,
+) -> None:
+    """hermes: profiler traces in, bottlenecks, causes and concrete fixes out."""
+
+
+def main() -> None:
+    try:
+        app()
+    except HermesError as err:  # a library error that escaped a command's own handling
+        from ..core.sanitize import clean
+
+        print(f"hermes: error: {clean(str(err))}", file=sys.stderr)
+        sys.exit(err.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+__all__ = ["app", "main"]
