@@ -224,3 +224,44 @@ def test_the_contract_holds_on_a_real_edge():
     assert "hermes_kb.analysis.replay" in g["hermes_kb.advisor.gains"]
     assert "hermes_kb.analyzers.whatif.replay" in g["hermes_kb.analysis.replay"]
     assert re.match(r"hermes_kb\.analysis\.", "hermes_kb.analysis.rank")
+
+
+DOC = ROOT / "docs/architecture.md"
+TABLE_START, TABLE_END = "<!-- registry-table -->", "<!-- /registry-table -->"
+
+
+def registry_table() -> str:
+    """The analyzers' order and shared-context keys as docs/architecture.md shows them."""
+    from hermes_kb.analysis import registry
+
+    def path(a) -> str:
+        return f"`analyzers/{a.module.replace('.', '/')}.py`"
+
+    def keys(ks) -> str:
+        return ", ".join(f"`{k}`" for k in sorted(ks)) or "-"
+
+    rows = ["| # | analyzer | module | reads | gives |", "|---|---|---|---|---|"]
+    rows += [f"| {i} | `{a.name}` | {path(a)} | {keys(a.reads)} | {keys(a.gives)} |"
+             for i, a in enumerate(registry.PER_RANK, 1)]  # fmt: skip
+    rows += ["", "Then, once every rank is done, the cross-rank analyzers: "
+             + ", ".join(f"`{a.name}` ({path(a)})" for a in registry.CROSS_RANK) + "."]  # fmt: skip
+    return "\n".join(rows)
+
+
+def _doc_table() -> str:
+    text = DOC.read_text(encoding="utf-8")
+    return text[text.index(TABLE_START) + len(TABLE_START): text.index(TABLE_END)].strip("\n")
+
+
+def test_the_architecture_doc_shows_the_registry():
+    assert _doc_table() == registry_table(), "docs/architecture.md is stale: run python tests/test_layout.py --write"
+
+
+if __name__ == "__main__":  # python tests/test_layout.py --write: the table into docs/architecture.md
+    import sys
+
+    if "--write" in sys.argv:
+        text = DOC.read_text(encoding="utf-8")
+        head, rest = text.split(TABLE_START, 1)
+        _, tail = rest.split(TABLE_END, 1)
+        DOC.write_text(f"{head}{TABLE_START}\n{registry_table()}\n{TABLE_END}{tail}", encoding="utf-8")
