@@ -40,7 +40,7 @@ import pandas as pd
 from hermes_kb.facts.base import Evidence
 from hermes_kb.facts.buckets import BucketSearch
 
-from .comm import _issue_time
+from .collectives import issue_time
 from ..context import RankContext
 from ..io.dataloader import name_mask
 
@@ -230,7 +230,7 @@ def gradient_collectives(ctx: RankContext) -> pd.DataFrame:
             & (c["collective"].astype(str).to_numpy() != "wait"))  # fmt: skip
     if not keep.any():
         return pd.DataFrame({k: [] for k in cols})
-    anchor = _issue_time(ctx)
+    anchor = issue_time(ctx)
     step = ctx.step_of(anchor)
     keep &= step >= 0
     sel = c[keep]
