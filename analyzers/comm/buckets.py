@@ -30,15 +30,16 @@ Model, assumptions and measured error: docs/analysis/buckets.md.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 
 import numpy as np
 import pandas as pd
 
+from hermes_kb.core.dtypes import element_bytes
 from hermes_kb.facts.base import Evidence
 from hermes_kb.facts.buckets import BucketSearch
+from hermes_kb.trace.args import decode, first_shape
 
 from .collectives import issue_time
 from ..context import RankContext
@@ -58,12 +59,6 @@ _BACKWARD_RE = re.compile("^" + re.escape(BACKWARD_PREFIX))
 ACCUMULATE_TOP = "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"
 ACCUMULATE_INNER = "torch::autograd::AccumulateGrad"
 GRAD_KINDS = ("all_reduce", "reduce_scatter")
-# element size by the names the profiler records (Input type of the op, dtype of record_param_comms)
-DTYPE_BYTES = {
-    "float": 4, "float32": 4, "c10::float": 4, "double": 8, "float64": 8, "c10::half": 2, "half": 2, "float16": 2,
-    "c10::bfloat16": 2, "bfloat16": 2, "long int": 8, "int64": 8, "long": 8, "int": 4, "int32": 4,
-    "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1, "unsigned char": 1, "signed char": 1, "bool": 1, "byte": 1,
-}  # fmt: skip
 GRANULARITY_ORDER = ("parameter", "parameter_scaled", "bucket_even_split", "collective")
 
 
@@ -292,16 +287,11 @@ def _device_drain(ctx: RankContext):
 
 
 def _first_shape_numel(text: str) -> int:
-    if not text:
-        return -1
-    try:
-        v = json.loads(text)
-    except ValueError:
-        return -1
-    if not isinstance(v, list) or not v or not isinstance(v[0], list):
+    shape = first_shape(text)
+    if shape is None:
         return -1
     n = 1
-    for d in v[0]:
+    for d in shape:
         if not isinstance(d, int) or d < 0:
             return -1
         n *= d
@@ -309,15 +299,13 @@ def _first_shape_numel(text: str) -> int:
 
 
 def _first_type_bytes(text: str) -> int:
-    if not text:
-        return -1
-    try:
-        v = json.loads(text)
-    except ValueError:
-        return -1
+    """Element size of the first input's type (the op's ``Input type``, or a
+    record_param_comms dtype), -1 when unknown."""
+    v = decode(text)
     if not isinstance(v, list) or not v or not isinstance(v[0], str):
         return -1
-    return DTYPE_BYTES.get(v[0].strip().lower(), -1)
+    size = element_bytes(v[0])
+    return size if size is not None else -1
 
 
 def _gradients(ctx: RankContext) -> pd.DataFrame:

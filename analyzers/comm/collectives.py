@@ -7,22 +7,24 @@ stages, by buckets, parallel and the digest."""
 
 from __future__ import annotations
 
-import json
 import re
 
 import numpy as np
 import pandas as pd
+
+from hermes_kb.trace.args import decode
 
 from .. import intervals as iv
 from ..context import RankContext
 
 
 def parse_ranks(text: str) -> list[int]:
+    """A recorded rank list (``Process Group Ranks``, a process-group table's ``ranks``): its
+    JSON, else the integers in the text."""
     if not text or text == "[]":
         return []
-    try:
-        v = json.loads(text)
-    except ValueError:
+    v = decode(text)
+    if v is None:  # not JSON (JSON's null gives no integer either)
         return [int(x) for x in re.findall(r"-?\d+", text)]
     return [int(x) for x in v] if isinstance(v, list) else []
 
@@ -96,9 +98,8 @@ def issue_time(ctx: RankContext) -> np.ndarray:
 def _split_list(text: str) -> list[float]:
     if not text or text == "[]":
         return []
-    try:
-        v = json.loads(text)
-    except ValueError:
+    v = decode(text)
+    if v is None:  # not JSON (JSON's null gives no number either)
         return [float(x) for x in re.findall(r"\d+(?:\.\d+)?", text)]
     if not isinstance(v, list):
         return []
@@ -161,6 +162,8 @@ def compute_union(ctx: RankContext) -> iv.Intervals:
 
 
 def group_ranks(ctx: RankContext, pg_name: str, pg_ranks: str) -> list[int]:
+    """A group's ranks: its recorded rank list, else those of the trace's process-group table
+    entry of that name."""
     ranks = parse_ranks(pg_ranks)
     if ranks or not pg_name or pg_name == "unknown":
         return ranks
