@@ -244,5 +244,5 @@ def backward_ends(ctx: RankContext) -> dict[int, float]:
     return {int(k): float(v) for k, v in df.groupby("step")["end"].max().items()}
 
 
-__all__ = ["ACCUMULATE_INNER", "ACCUMULATE_TOP", "BACKWARD_PREFIX", "GRAD_KINDS", "backward_ends", "device_drain",
-           "gradient_collectives", "gradients"]  # fmt: skip
+__all__ = ["ACCUMULATE_INNER", "ACCUMULATE_TOP", "BACKWARD_PREFIX", "GRAD_KINDS", "backward_ends",
+           "device_drain", "gradient_collectives", "gradients"]  # fmt: skip

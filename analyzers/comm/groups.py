@@ -27,7 +27,8 @@ ALIGNMENT_BYTES = 512  # paper (HERMES_NOTES, Table 4): HCCS transfers must be m
 MAX_GROUP_FACTS = 10
 
 
-def group_stats(ctx: RankContext, df: pd.DataFrame, cu: iv.Intervals, is_kernel: np.ndarray) -> list[CommStats]:
+def group_stats(ctx: RankContext, df: pd.DataFrame, cu: iv.Intervals,
+                is_kernel: np.ndarray) -> list[CommStats]:  # fmt: skip
     """One fact per (process group, kind, source) of the rank's collectives ``df``
     (collectives.py ``rank_collectives``), the MAX_GROUP_FACTS with the most time; ``cu`` = the
     union of the rank's non-communication kernels."""
@@ -215,5 +216,5 @@ def ratio(a: float, b: float) -> float:
     return float(min(max(a / b, 0.0), 1.0)) if b > 0 else 0.0
 
 
-__all__ = ["ALIGNMENT_BYTES", "MAX_GROUP_FACTS", "MIB", "SMALL_MESSAGE_BYTES", "TINY_MESSAGE_BYTES", "group_stats",
-           "ratio"]  # fmt: skip
+__all__ = ["ALIGNMENT_BYTES", "MAX_GROUP_FACTS", "MIB", "SMALL_MESSAGE_BYTES", "TINY_MESSAGE_BYTES",
+           "group_stats", "ratio"]  # fmt: skip

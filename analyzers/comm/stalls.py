@@ -20,7 +20,7 @@ END_SPREAD_MIN_US = 50.0
 
 
 def transfer_stall(key, grp: pd.DataFrame, inst_cols: list[str], ranks: list[int],
-                    digests: dict, others: pd.DataFrame) -> list[CommTransferStall]:  # fmt: skip
+                   digests: dict, others: pd.DataFrame) -> list[CommTransferStall]:  # fmt: skip
     """Per rank: each matched instance's time after the last rank arrived (its latest start),
     its rate bytes / that time, against the best rate of the group's sized instances (every
     rank); instances below STALL_RATIO x best stall, and their time beyond bytes / best is the

@@ -12,7 +12,10 @@ import pandas as pd
 from hermes_kb.facts.base import Evidence
 from hermes_kb.facts.comm import CommSyncWait
 
+
 def instances(digests: dict) -> pd.DataFrame:
+    """Every rank's collectives (the digests' rows) in one frame, with the rank and ``occ``, the
+    order of each among its group's collectives of that kind and source within the step."""
     parts = []
     for r, dg in digests.items():
         df = dg.collectives
@@ -34,6 +37,9 @@ def sync_wait(
     ranks: list[int],
     matched_by: str,
 ) -> CommSyncWait | None:
+    """The sync-wait fact of one (group, kind, source): ``grp``, its rows of ``instances``,
+    matched into instances by ``inst_cols`` across ``ranks``; None when no instance has every
+    rank."""
     pg, pg_ranks, kind, source = key
     g = grp.copy()
     g["inst"] = g.groupby(inst_cols, sort=False).ngroup()

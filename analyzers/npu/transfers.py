@@ -152,4 +152,5 @@ def rdma(ctx: RankContext) -> Fact | None:
                                  slow_us=float(dur[slow].sum()), max_us=float(dur.max()))  # fmt: skip
 
 
-__all__ = ["ALIGN_BYTES", "CUBE_RE", "SMALL_PACKET_BYTES", "TRANSFER_TASKS", "byte_alignment", "rdma", "sdma_contention", "small_packets"]
+__all__ = ["ALIGN_BYTES", "CUBE_RE", "SMALL_PACKET_BYTES", "TRANSFER_TASKS", "byte_alignment", "rdma",
+           "sdma_contention", "small_packets"]  # fmt: skip

@@ -400,4 +400,5 @@ def device_link(device: str | None) -> Link | None:
     return None
 
 
-__all__ = ["DEVICES", "LINKS", "NICS", "UNKNOWN_LINK", "DeviceSpec", "Link", "device_link", "device_of_trace", "lookup"]
+__all__ = ["DEVICES", "LINKS", "NICS", "UNKNOWN_LINK", "DeviceSpec", "Link", "device_link", "device_of_trace",
+           "lookup"]  # fmt: skip
