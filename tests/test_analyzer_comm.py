@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import hermes_kb
-from hermes_kb.analyzers.comm.comm import comm
+from hermes_kb.core.devices import device_link
+from hermes_kb.analyzers.comm import bandwidth, collectives, comm, pipeline
 from hermes_kb.analyzers.timeline.steps import step_context
 from conftest import ROOT, X, kineto_traces, needs_shared, write_trace
 from hermes_kb.analysis.rank import digests_of
@@ -195,19 +196,19 @@ def test_sizes_unknown_still_counts_and_times(tmp_path):
 
 
 def test_bus_factors_follow_nccl():
-    assert comm.bus_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
-    assert comm.bus_factor("all_gather", 4) == pytest.approx(3 / 4)
-    assert comm.bus_factor("reduce_scatter", 2) == pytest.approx(1 / 2)
-    assert comm.bus_factor("all_to_all", 8) == pytest.approx(7 / 8)
-    assert comm.bus_factor("broadcast", 8) == 1.0 and comm.bus_factor("send", 2) == 1.0
+    assert bandwidth.bus_factor("all_reduce", 8) == pytest.approx(2 * 7 / 8)
+    assert bandwidth.bus_factor("all_gather", 4) == pytest.approx(3 / 4)
+    assert bandwidth.bus_factor("reduce_scatter", 2) == pytest.approx(1 / 2)
+    assert bandwidth.bus_factor("all_to_all", 8) == pytest.approx(7 / 8)
+    assert bandwidth.bus_factor("broadcast", 8) == 1.0 and bandwidth.bus_factor("send", 2) == 1.0
 
 
 def test_link_table():
-    assert comm.device_link("Tesla V100-SXM2-32GB").peak_gbps == 150.0
-    assert comm.device_link("NVIDIA H100 80GB HBM3").total_gbps == 900.0
-    assert comm.device_link("NVIDIA GeForce RTX 2080 Ti").name.startswith("PCIe Gen3")
-    assert comm.device_link("AMD Instinct MI300X").total_gbps == 896.0
-    assert comm.device_link("Some Future GPU") is None and comm.device_link(None) is None
+    assert device_link("Tesla V100-SXM2-32GB").peak_gbps == 150.0
+    assert device_link("NVIDIA H100 80GB HBM3").total_gbps == 900.0
+    assert device_link("NVIDIA GeForce RTX 2080 Ti").name.startswith("PCIe Gen3")
+    assert device_link("AMD Instinct MI300X").total_gbps == 896.0
+    assert device_link("Some Future GPU") is None and device_link(None) is None
 
 
 # ------------------------------------------------------------------ cross rank
@@ -351,7 +352,7 @@ def test_collective_belongs_to_the_step_that_issued_it(tmp_path):
         )
     )
     ctx, _ = step_context(hermes_kb.load(write_trace(tmp_path / "t.json", ev))[0])
-    df = comm.rank_collectives(ctx)
+    df = collectives.rank_collectives(ctx)
     assert df["step"].tolist() == [1] and df["ts"].tolist() == [600.0]
 
 
@@ -507,8 +508,8 @@ def test_all_to_all_split_imbalance_and_per_step_count(tmp_path):
 
 def test_pipeline_neighbours_are_two_stages_of_one_pipeline_group():
     stages = {0: ((0, 2), 0), 2: ((0, 2), 1), 1: ((1, 3), 0), 3: ((1, 3), 1), 4: ((0, 2), 0)}
-    assert comm._pipeline_neighbours([0, 2], stages)
-    assert not comm._pipeline_neighbours([0, 1], stages)  # two pipelines' first stages (data parallel)
-    assert not comm._pipeline_neighbours([0, 4], stages)  # the same stage
-    assert not comm._pipeline_neighbours([0, 5], stages)  # rank 5: stage unknown
-    assert not comm._pipeline_neighbours([0, 2, 1], stages)  # three ranks: an all-to-all, not a stage pair
+    assert pipeline.pipeline_neighbours([0, 2], stages)
+    assert not pipeline.pipeline_neighbours([0, 1], stages)  # two pipelines' first stages (data parallel)
+    assert not pipeline.pipeline_neighbours([0, 4], stages)  # the same stage
+    assert not pipeline.pipeline_neighbours([0, 5], stages)  # rank 5: stage unknown
+    assert not pipeline.pipeline_neighbours([0, 2, 1], stages)  # three ranks: an all-to-all, not a stage pair

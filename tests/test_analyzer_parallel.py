@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import hermes_kb
-from hermes_kb.analyzers.comm.comm import parallel
+from hermes_kb.analyzers.comm import parallel
 from hermes_kb.analyzers.timeline.steps import step_context
 from conftest import X, kineto_traces, needs_shared, write_trace
 from hermes_kb.analysis.rank import digests_of
@@ -180,7 +180,7 @@ def test_pipeline_stage_balance_by_hand(tmp_path):
                     distributedInfo={"rank": r, "world_size": 4, "backend": "nccl", "pg_config": pgs})  # fmt: skip
     bundle = hermes_kb.load(tmp_path)
     ctxs = {r: step_context(bundle[r])[0] for r in bundle.rank_ids}
-    from hermes_kb.analyzers.comm.comm import comm
+    from hermes_kb.analyzers.comm import comm
 
     per_rank = [f for r in sorted(ctxs) for f in comm.per_rank(ctxs[r])]
     stages = {f.rank: f for f in per_rank if f.kind == "pipeline_stage"}

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import hermes_kb
-from hermes_kb.analyzers.comm.comm import buckets as B
+from hermes_kb.analyzers.comm import buckets as B
 from hermes_kb.analyzers.timeline.steps import step_context
 from conftest import SHARED, X, needs_shared, write_trace
 

@@ -1,4 +1,4 @@
-"""npu_byte_alignment (analyzers/npu/npu.py) and C-COMM-005: HCCL transfer tasks judged one by one,
+"""npu_byte_alignment (analyzers/npu/transfers.py) and C-COMM-005: HCCL transfer tasks judged one by one,
 as msprof-analyze's byte-alignment check does, with the cost measured against aligned tasks."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import pytest
 
 import hermes_kb
 from conftest import SHARED, ascend_x
-from hermes_kb.analyzers.npu.npu import NOMINAL_GBPS, _nominal_fractions
+from hermes_kb.analyzers.npu.hccl_links import NOMINAL_GBPS, _nominal_fractions
 from hermes_kb.analysis.run_dir import analyze_run_dir, merge_monitor_env
 from hermes_kb.trace import load
 

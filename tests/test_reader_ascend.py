@@ -279,7 +279,7 @@ def test_damaged_rank_among_good_ones_is_skipped(tmp_path):
 
 
 def _npu_facts(trace):
-    from hermes_kb.analyzers.npu.npu import npu
+    from hermes_kb.analyzers.npu import npu
     from hermes_kb.analyzers.timeline.steps import step_context
 
     ctx, _ = step_context(trace)

@@ -15,7 +15,7 @@ import pandas as pd
 
 from ..context import RankContext, StepWindow
 
-# the columns of comm.rank_collectives that the cross-rank analyzers read
+# the columns of collectives.rank_collectives that the cross-rank analyzers read
 COLLECTIVE_COLUMNS = ["pg", "pg_ranks", "kind", "source", "step", "ts", "dur", "seq", "n", "name", "msg_bytes"]
 
 
@@ -46,7 +46,7 @@ class RankDigest:
 def digest_of(ctx: RankContext) -> RankDigest:
     """The rank's digest, from its analysed context (after the per-rank analyzers, whose
     cached collectives and components it reuses)."""
-    from .comm import rank_collectives
+    from .collectives import rank_collectives
     from .parallel import has_device_compute, rank_components
 
     coll = rank_collectives(ctx)

@@ -27,7 +27,8 @@ from hermes_kb.facts.base import Evidence
 from hermes_kb.facts.parallel import PipelineBubble, PipelineStageBalance, RankImbalance
 
 from .. import intervals as iv
-from .comm import _parse_ranks, compute_union, pipeline_stages
+from .collectives import compute_union, parse_ranks
+from .pipeline import pipeline_stages
 from ..context import RankContext
 
 MAX_GROUPS = 10
@@ -186,7 +187,7 @@ def _subgroups(digests: dict, present: set[int]) -> list[tuple[str, list[int]]]:
         if not len(df):
             continue
         for pg, text in df[["pg", "pg_ranks"]].drop_duplicates().itertuples(index=False):
-            members = tuple(sorted(set(_parse_ranks(text)) & present))
+            members = tuple(sorted(set(parse_ranks(text)) & present))
             if 2 <= len(members) < len(present):
                 seen.setdefault(members, pg)
     return [(pg, list(m)) for m, pg in list(seen.items())[:MAX_GROUPS]]
@@ -273,7 +274,7 @@ def _bubble(dg, comp: pd.DataFrame | None) -> PipelineBubble | None:
         return None
     compute = float(comp["compute"].sum())
     busy = float(comp["busy"].sum())
-    peers = sorted({r for text in sel["pg_ranks"].unique() for r in _parse_ranks(text) if r != dg.rank})
+    peers = sorted({r for text in sel["pg_ranks"].unique() for r in parse_ranks(text) if r != dg.rank})
     return PipelineBubble(
         rank=dg.rank,
         p2p_count=int(p2p.sum()),

@@ -1,4 +1,5 @@
-"""Accelerator peak table: dense peak FLOP/s per data type and HBM bandwidth, with sources.
+"""Accelerator peak table: dense peak FLOP/s per data type and HBM bandwidth, with sources, and the
+intra-node interconnect link of each device model.
 
 Every number is the vendor's *dense* figure (no 2:4 structured sparsity), per device as PyTorch
 sees it: one GPU, or one GCD for AMD MI250/MI250X (each GCD is a separate ``torch.cuda`` device,
@@ -17,6 +18,10 @@ secondary sources or from the memory configuration; treat those as approximate.
 ``lookup(device_properties)`` takes a Kineto ``deviceProperties`` entry (or just its name) and
 returns the matching ``DeviceSpec``, or ``None`` when the device is unknown (then no roofline
 class and no MFU can be given). See docs/devices.md.
+
+``device_link(name)`` gives the intra-node interconnect of a device model (``LINKS``: NVLink,
+Infinity Fabric, PCIe) with its per-direction peak, what a collective's bus bandwidth is
+compared with (docs/analysis/comm.md); ``NICS`` keeps the inter-node NICs for reference.
 """
 
 from __future__ import annotations
@@ -301,4 +306,99 @@ def device_of_trace(trace: Any, device_id: int | None = None) -> DeviceSpec | No
     return lookup(chosen)
 
 
-__all__ = ["DEVICES", "DeviceSpec", "device_of_trace", "lookup"]
+# ------------------------------------------------------------------ interconnect links
+
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    peak_gbps: float  # per direction, per GPU: what NCCL's busbw is compared with
+    total_gbps: float  # as the vendor quotes it (both directions)
+    source: str
+
+
+# Intra-node links by device model (first match wins). Vendors quote the bidirectional total;
+# busbw is a per-direction figure, so it is compared with half of it.
+LINKS: list[tuple[re.Pattern, Link]] = [
+    (
+        re.compile(r"V100.*(SXM|DGX)|DGX.*V100", re.I),
+        Link("NVLink 2 (6 links)", 150.0, 300.0, "NVIDIA Tesla V100 datasheet: NVLink 300 GB/s"),
+    ),
+    (
+        re.compile(r"A100.*PCIE|A100.*PCI", re.I),
+        Link(
+            "PCIe Gen4 x16",
+            32.0,
+            64.0,
+            "PCI-SIG: Gen4 x16 ~32 GB/s per direction (NVLink bridge not detectable)",
+        ),
+    ),
+    (
+        re.compile(r"A100|A800", re.I),
+        Link("NVLink 3 (12 links)", 300.0, 600.0, "NVIDIA A100 datasheet: NVLink 600 GB/s (SXM4, HGX)"),
+    ),
+    (
+        re.compile(r"H100.*PCIE|H100 NVL", re.I),
+        Link(
+            "PCIe Gen5 x16",
+            64.0,
+            128.0,
+            "PCI-SIG: Gen5 x16 ~64 GB/s per direction (NVLink bridge not detectable)",
+        ),
+    ),
+    (
+        re.compile(r"H100|H200|H800|GH200", re.I),
+        Link("NVLink 4 (18 links)", 450.0, 900.0, "NVIDIA H100/H200 datasheets: NVLink 900 GB/s (SXM5)"),
+    ),
+    (
+        re.compile(r"B200|B100|GB200", re.I),
+        Link(
+            "NVLink 5 (18 links)",
+            900.0,
+            1800.0,
+            "NVIDIA Blackwell (HGX B200) datasheet: NVLink 1.8 TB/s per GPU",
+        ),
+    ),
+    (
+        re.compile(r"MI300X|MI325X", re.I),
+        Link(
+            "Infinity Fabric (7 links)",
+            448.0,
+            896.0,
+            "AMD Instinct MI300X datasheet: 7 x 128 GB/s Infinity Fabric links",
+        ),
+    ),
+    (
+        re.compile(r"MI250", re.I),
+        Link(
+            "Infinity Fabric (8 links)",
+            400.0,
+            800.0,
+            "AMD Instinct MI250X datasheet: up to 800 GB/s Infinity Fabric",
+        ),
+    ),
+    (
+        re.compile(r"V100.*PCIE|RTX|GeForce|T4\b|Tesla P", re.I),
+        Link("PCIe Gen3 x16", 15.75, 31.5, "PCI-SIG: Gen3 x16 15.75 GB/s per direction"),
+    ),
+]
+
+# Inter-node NICs, for reference: the trace does not record which NIC a job used, so hermes
+# reports 'unknown' for groups that span nodes (InfiniBand HDR 200 Gb/s = 25 GB/s and NDR
+# 400 Gb/s = 50 GB/s per port and direction, NVIDIA ConnectX-6/-7 product briefs).
+NICS = {"InfiniBand HDR": 25.0, "InfiniBand NDR": 50.0}
+
+UNKNOWN_LINK = "unknown"
+
+
+def device_link(device: str | None) -> Link | None:
+    if not device:
+        return None
+    for pat, link in LINKS:
+        if pat.search(device):
+            return link
+    return None
+
+
+__all__ = ["DEVICES", "LINKS", "NICS", "UNKNOWN_LINK", "DeviceSpec", "Link", "device_link", "device_of_trace",
+           "lookup"]  # fmt: skip

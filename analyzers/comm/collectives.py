@@ -1,0 +1,176 @@
+"""The rank's collectives: those issued inside the analysed steps, as one plain frame
+(``rank_collectives``, cached in ``ctx.shared['comm_collectives']`` for the digest), when each
+was issued, the ranks of its group, the split sizes of its all-to-all, and the union of the
+rank's non-communication kernels it is measured against (``compute_union``, cached in
+``ctx.shared['comm_compute_union']``). Read by the comm analyzer's per-rank and cross-rank
+stages, by buckets, parallel and the digest."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from hermes_kb.trace.args import decode
+
+from .. import intervals as iv
+from ..context import RankContext
+
+
+def parse_ranks(text: str) -> list[int]:
+    """A recorded rank list (``Process Group Ranks``, a process-group table's ``ranks``): its
+    JSON, else the integers in the text."""
+    if not text or text == "[]":
+        return []
+    v = decode(text)
+    if v is None:  # not JSON (JSON's null gives no integer either)
+        return [int(x) for x in re.findall(r"-?\d+", text)]
+    return [int(x) for x in v] if isinstance(v, list) else []
+
+
+def rank_collectives(ctx: RankContext) -> pd.DataFrame:
+    """The rank's collectives issued in an analysed step (see ``issue_time``), as a plain
+    frame with ``step``, ``pg`` (name or 'unknown'), ``msg_bytes`` (max of in/out bytes, -1 unknown)
+    and ``n`` (group size, -1 unknown). Cached in ``ctx.shared['comm_collectives']``."""
+    cached = ctx.shared.get("comm_collectives")
+    if cached is not None:
+        return cached
+    c = ctx.trace.collectives
+    cols = [
+        "name",
+        "kind",
+        "ts",
+        "dur",
+        "end",
+        "source",
+        "kernel_idx",
+        "pg_name",
+        "pg_desc",
+        "pg_ranks",
+        "group_size",
+        "dtype",
+        "in_bytes",
+        "out_bytes",
+        "seq",
+        "collective",
+        "in_split",
+        "out_split",
+    ]
+    if not len(c):
+        out = pd.DataFrame({k: pd.Series(dtype=object) for k in cols + ["step", "pg", "msg_bytes", "n"]})
+    else:
+        keep = c["collective"].astype(str).to_numpy() != "wait"
+        anchor = issue_time(ctx)[keep]
+        c = c.loc[keep, cols]
+        step = ctx.step_of(anchor)
+        c = c[step >= 0].copy()
+        c["step"] = step[step >= 0]
+        out = pd.DataFrame(
+            {k: c[k].astype(str) if str(c[k].dtype) == "category" else c[k] for k in c.columns}
+        )
+        out["pg"] = out["pg_name"].where(out["pg_name"] != "", "unknown")
+        out["msg_bytes"] = np.maximum(out["in_bytes"].to_numpy(), out["out_bytes"].to_numpy())
+        gs = out["group_size"].to_numpy()
+        lens = {s: len(parse_ranks(s)) for s in out["pg_ranks"].unique()}  # a few distinct groups
+        nr = out["pg_ranks"].map(lens).to_numpy(dtype=np.int64) if len(out) else np.zeros(0, dtype=np.int64)
+        out["n"] = np.where(gs > 0, gs, np.where(nr > 0, nr, -1)).astype(np.int64)
+        out = out.reset_index(drop=True)
+    ctx.shared["comm_collectives"] = out
+    return out
+
+
+def issue_time(ctx: RankContext) -> np.ndarray:
+    """When each collective was issued: the start of the CPU op that recorded it
+    (record_param_comms, on the same clock as the step annotations), else its own start.
+    Steps are assigned by this time, so that a collective the CPU issued in step N but the
+    device ran later still belongs to step N. (The kernel's launch call is not used: some
+    traces, e.g. param/dlrm_kineto_8rank, carry runtime events shifted from the CPU ops.)"""
+    t = ctx.trace
+    c = t.collectives
+    out = c["ts"].to_numpy(float).copy()
+    cidx = c["cpu_idx"].to_numpy()
+    has_cpu = (cidx >= 0) & (cidx < len(t.cpu_ops))
+    out[has_cpu] = t.cpu_ops["ts"].to_numpy(float)[cidx[has_cpu]]
+    return out
+
+
+def _split_list(text: str) -> list[float]:
+    if not text or text == "[]":
+        return []
+    v = decode(text)
+    if v is None:  # not JSON (JSON's null gives no number either)
+        return [float(x) for x in re.findall(r"\d+(?:\.\d+)?", text)]
+    if not isinstance(v, list):
+        return []
+    try:
+        return [float(x) for x in v]
+    except (TypeError, ValueError):
+        return []
+
+
+def split_imbalance(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Per collective, from the all-to-all split sizes the trace records (``In split size`` /
+    ``Out split size``, elements per peer): the side (send or receive) whose pieces are the
+    most uneven, as (sum of its pieces, largest piece x number of peers). A pairwise exchange
+    finishes with its largest piece, so with every piece as large as the largest one the
+    exchange would take the same time: sum / (max x n) is the share of that time the bytes
+    actually need. (0, 0) where no split list of at least two peers with data is recorded,
+    and for every collective that is not an all_to_all."""
+    n = len(df)
+    total, cost = np.zeros(n), np.zeros(n)
+    if not n or "in_split" not in df.columns:
+        return total, cost
+    kinds = df["kind"].to_numpy()
+    cache: dict[str, list[float]] = {}
+    for i in np.flatnonzero(kinds == "all_to_all").tolist():
+        best = None
+        for text in (df["in_split"].iat[i], df["out_split"].iat[i]):
+            t = str(text)
+            parts = cache.get(t)
+            if parts is None:
+                parts = cache[t] = _split_list(t)
+            if len(parts) < 2 or max(parts) <= 0:
+                continue
+            s, c = float(sum(parts)), float(max(parts)) * len(parts)
+            if best is None or 1.0 - s / c > 1.0 - best[0] / best[1]:
+                best = (s, c)
+        if best is not None:
+            total[i], cost[i] = best
+    return total, cost
+
+
+def compute_union(ctx: RankContext) -> iv.Intervals:
+    """Union of the rank's non-communication kernels (every kernel that is not a collective).
+    Cached in ``ctx.shared['comm_compute_union']``."""
+    cached = ctx.shared.get("comm_compute_union")
+    if cached is not None:
+        return cached
+    k = ctx.trace.kernels
+    if not len(k):
+        out = iv.EMPTY
+    else:
+        comm_idx = (
+            ctx.trace.collectives["kernel_idx"].to_numpy() if len(ctx.trace.collectives) else np.zeros(0)
+        )
+        mask = np.ones(len(k), dtype=bool)
+        comm_idx = comm_idx[(comm_idx >= 0) & (comm_idx < len(k))].astype(np.int64)
+        mask[comm_idx] = False
+        out = iv.union(k["ts"].to_numpy()[mask], k["end"].to_numpy()[mask])
+    ctx.shared["comm_compute_union"] = out
+    return out
+
+
+def group_ranks(ctx: RankContext, pg_name: str, pg_ranks: str) -> list[int]:
+    """A group's ranks: its recorded rank list, else those of the trace's process-group table
+    entry of that name."""
+    ranks = parse_ranks(pg_ranks)
+    if ranks or not pg_name or pg_name == "unknown":
+        return ranks
+    for pg in ctx.trace.meta.process_groups:
+        if str(pg.get("pg_name")) == pg_name:
+            return [int(r) for r in pg.get("ranks") or []]
+    return []
+
+
+__all__ = ["compute_union", "group_ranks", "issue_time", "parse_ranks", "rank_collectives", "split_imbalance"]
