@@ -16,7 +16,7 @@ from hermes_kb.trace.bundle import RankTrace
 from .. import intervals as iv
 from ..context import RankContext
 from .graph import CATEGORIES, COMM, CPU_OP, HOST_GAP, LAUNCH, RUNTIME, SYNC_WAIT, Keyer, Names, main_tid
-from .overlap import gloo_waits
+from .host_sets import gloo_waits
 
 # runtime kind -> category; nested calls take the strongest member (sync > launch > runtime)
 _RT_CAT = {"sync": SYNC_WAIT, "launch": LAUNCH, "graph_launch": LAUNCH, "memcpy": LAUNCH, "memset": LAUNCH}
@@ -109,7 +109,7 @@ def thread_lanes(ctx: RankContext) -> Lanes:
     a_tid = ann["tid"].to_numpy(np.int64)[am]
     a_s, a_e = ann["ts"].to_numpy(np.float64)[am], ann["end"].to_numpy(np.float64)[am]
     # CPU training with gloo: the driving thread's gaps while a gloo collective is at work are
-    # waiting for it (overlap.gloo_waits): the collectives' stretches are laid on that thread as
+    # waiting for it (host_sets.gloo_waits): the collectives' stretches are laid on that thread as
     # annotations, and the gaps they name are communication
     mt0 = main_tid(ctx)
     (w_s, w_e), w_names = gloo_waits(tr, mt0) if mt0 in tids else (iv.EMPTY, [])
