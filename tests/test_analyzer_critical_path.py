@@ -13,11 +13,12 @@ import pytest
 
 import hermes_kb
 from hermes_kb.analyzers.timeline import critical_path as A
+from hermes_kb.analyzers.timeline.graph import CATEGORIES, UNTRACED
 from hermes_kb.analyzers.timeline.steps import step_context
 from conftest import SHARED, X, kineto_traces, needs_shared, write_trace
 from hermes_kb.facts.critical_path import CriticalPath, CriticalPathStep
 
-CATS = A.CATEGORIES
+CATS = CATEGORIES
 
 
 def run(path, rank=None):
@@ -64,13 +65,13 @@ def test_gpu_bound_step_launch_kernel_sync(tmp_path):
     # part of aten::mm before the launch; the step's own host time before aten::mm (the driving
     # thread's timeline is cut at the step's start).
     assert segs(ctx, 1) == [
-        (0.0, 10.0, "host_gap", A.UNTRACED),
+        (0.0, 10.0, "host_gap", UNTRACED),
         (10.0, 30.0, "cpu_op", "aten::mm"),
         (30.0, 40.0, "launch", "cudaLaunchKernel"),
         (40.0, 45.0, "device_idle", ""),
         (45.0, 545.0, "kernel", GEMM),
         (545.0, 560.0, "sync_wait", "cudaDeviceSynchronize"),
-        (560.0, 570.0, "host_gap", A.UNTRACED),
+        (560.0, 570.0, "host_gap", UNTRACED),
         (570.0, 600.0, "cpu_op", "aten::add"),
     ]
     (f,) = step_facts(facts)
@@ -108,7 +109,7 @@ def test_cpu_bound_step_without_sync_is_all_host(tmp_path):
         (0.0, 20.0, "cpu_op", "aten::a"),
         (20.0, 30.0, "launch", "cudaLaunchKernel"),
         (30.0, 100.0, "cpu_op", "aten::a"),
-        (100.0, 120.0, "host_gap", A.UNTRACED),
+        (100.0, 120.0, "host_gap", UNTRACED),
         (120.0, 300.0, "cpu_op", "aten::b"),
     ]
     (f,) = step_facts(facts)
@@ -167,14 +168,14 @@ def test_blocking_memcpy_split_depends_on_what_held_the_copy_back(tmp_path):
     # the copy's candidates tie at 90 -> stream order: the kernel; 10 µs DMA start-up = idle.
     # (b) split at 240 (the copy's start): [200, 240) is launch time on the path.
     assert segs(ctx, 1) == [
-        (0.0, 5.0, "host_gap", A.UNTRACED),
+        (0.0, 5.0, "host_gap", UNTRACED),
         (5.0, 15.0, "launch", "cudaLaunchKernel"),
         (15.0, 20.0, "device_idle", ""),
         (20.0, 90.0, "kernel", GEMM),
         (90.0, 100.0, "device_idle", ""),
         (100.0, 150.0, "memcpy", copy),
         (150.0, 180.0, "sync_wait", "cudaMemcpyAsync"),
-        (180.0, 200.0, "host_gap", A.UNTRACED),
+        (180.0, 200.0, "host_gap", UNTRACED),
         (200.0, 240.0, "launch", "cudaMemcpyAsync"),
         (240.0, 260.0, "memcpy", copy),
         (260.0, 300.0, "sync_wait", "cudaMemcpyAsync"),
@@ -223,9 +224,9 @@ def test_autograd_thread_fork_and_join(tmp_path):
     # before it started). The waits in between are untraced host time.
     assert segs(ctx, 1) == [
         (0.0, 100.0, "cpu_op", "forward"),
-        (100.0, 150.0, "host_gap", A.UNTRACED),
+        (100.0, 150.0, "host_gap", UNTRACED),
         (150.0, 390.0, "cpu_op", "backward_op"),
-        (390.0, 400.0, "host_gap", A.UNTRACED),
+        (390.0, 400.0, "host_gap", UNTRACED),
         (400.0, 450.0, "cpu_op", "optimizer"),
     ]
     (f,) = step_facts(facts)
@@ -246,7 +247,7 @@ def test_cpu_only_gaps_named_by_annotation_and_main_thread_root(tmp_path):
     ctx, facts = run(write_trace(tmp_path / "t.json", ev))
     assert segs(ctx, 1) == [
         (0.0, 50.0, "cpu_op", "aten::a"),
-        (50.0, 60.0, "host_gap", A.UNTRACED),
+        (50.0, 60.0, "host_gap", UNTRACED),
         (60.0, 200.0, "host_gap", loader),
         (200.0, 300.0, "cpu_op", "aten::b"),
     ]
@@ -270,9 +271,9 @@ def test_shared_frames_tile_the_path(tmp_path):
     assert isinstance(s2["category"].dtype, pd.CategoricalDtype)
     # the driving thread is cut at each step start and at the last step's end: step 1 ends with
     # the gap [60, 100), step 2 = [100, 200) is the gap [100, 110), aten::b and the gap [190, 200)
-    assert segs(ctx, 1) == [(0.0, 60.0, "cpu_op", "aten::a"), (60.0, 100.0, "host_gap", A.UNTRACED)]
-    assert segs(ctx, 2) == [(100.0, 110.0, "host_gap", A.UNTRACED), (110.0, 190.0, "cpu_op", "aten::b"),
-                            (190.0, 200.0, "host_gap", A.UNTRACED)]  # fmt: skip
+    assert segs(ctx, 1) == [(0.0, 60.0, "cpu_op", "aten::a"), (60.0, 100.0, "host_gap", UNTRACED)]
+    assert segs(ctx, 2) == [(100.0, 110.0, "host_gap", UNTRACED), (110.0, 190.0, "cpu_op", "aten::b"),
+                            (190.0, 200.0, "host_gap", UNTRACED)]  # fmt: skip
     agg = [f for f in facts if isinstance(f, CriticalPath)][0]
     assert agg.steps_count == 2 and agg.path_length_us == 200.0
     assert agg.step_duration_us == 200.0

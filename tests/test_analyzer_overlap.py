@@ -15,6 +15,8 @@ import pytest
 
 import hermes_kb
 from hermes_kb.analyzers import intervals as iv
+from hermes_kb.analyzers.timeline import device_events as E
+from hermes_kb.analyzers.timeline import hta as H
 from hermes_kb.analyzers.timeline import overlap as A
 from hermes_kb.analyzers.timeline.steps import step_context
 from conftest import SHARED, X, kineto_traces, needs_shared, write_trace
@@ -165,12 +167,12 @@ def test_idle_breakdown_threshold_and_unit(tmp_path):
     assert (s.host_wait_us, s.kernel_wait_us, s.other_us, s.idle_us) == pytest.approx((20, 3, 40, 63))
     assert (s.host_wait_count, s.kernel_wait_count, s.other_count, s.events_count) == (1, 2, 1, 5)
     trace = hermes_kb.load(tmp_path / "b.json")[0]
-    ev = A.device_events(trace)
+    ev = E.device_events(trace)
     # threshold 50 µs: the 40 µs gap becomes kernel_wait
-    row = A.hta_idle_breakdown(ev, 50.0).iloc[0]
+    row = H.hta_idle_breakdown(ev, 50.0).iloc[0]
     assert (row.host_wait, row.kernel_wait, row.other) == pytest.approx((20, 43, 0))
     # HTA's documented "30 ns" taken literally (0.03 µs): only the negative gap is kernel_wait
-    row = A.hta_idle_breakdown(ev, 0.03).iloc[0]
+    row = H.hta_idle_breakdown(ev, 0.03).iloc[0]
     assert (row.host_wait, row.kernel_wait, row.other) == pytest.approx((20, -2, 45))
     # temporal: interval [10,140) = 130; busy 10+5+10+20+10 = 55; compute = the kernels 45;
     # the Context Sync is busy but not compute
@@ -189,10 +191,10 @@ def test_hta_kernel_types():
          "my_Memcpy_kernel", "volta_sgemm", "Event Sync"],
         dtype="category",
     )  # fmt: skip
-    c, m, mem, o = A.COMPUTATION, A.COMMUNICATION, A.MEMORY, A.OTHER
+    c, m, mem, o = E.COMPUTATION, E.COMMUNICATION, E.MEMORY, E.OTHER
     # HTA quirks: "void nccl..." is compute (anchored match), "Stream Wait Event" is compute,
     # a name containing Memcpy not at the start is OTHER
-    assert A.hta_kernel_type(names).tolist() == [m, m, c, mem, mem, mem, c, o, o, c, o]
+    assert E.hta_kernel_type(names).tolist() == [m, m, c, mem, mem, mem, c, o, o, c, o]
 
 
 def test_cpu_only_trace(tmp_path):
@@ -309,7 +311,7 @@ def test_every_real_trace(path):
         assert not [f for f in facts if isinstance(f, AnalyzerError)], facts
         steps = by_kind(facts, "step_overlap")
         assert steps and len(steps) == len(ctx.windows) + 1
-        assert len(facts) <= len(ctx.windows) + 1 + 2 + A.MAX_STREAMS
+        assert len(facts) <= len(ctx.windows) + 1 + 2 + H.MAX_STREAMS
         for f in steps:
             assert sum(getattr(f, p) for p in PARTS) == pytest.approx(f.duration_us, rel=1e-9, abs=1e-6)
             assert all(getattr(f, p) >= -1e-6 for p in PARTS)

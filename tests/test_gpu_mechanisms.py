@@ -371,7 +371,7 @@ def test_launch_calls_held_by_a_full_queue_wait_for_the_device(tmp_path):
     """Six 1000 µs kernels queued back to back from 30 µs on. Four launch calls take 10 µs; two
     return 5 µs after a kernel ends (965 and 995 µs: the launch queue was full and a finished kernel
     freed a slot). Those two are waits on the device, not host work; the short ones are not."""
-    from hermes_kb.analyzers.timeline.critical_path import build_graph
+    from hermes_kb.analyzers.timeline.graph_build import build_graph
 
     calls = [(10, 10), (30, 10), (50, 10), (70, 965), (1040, 995), (2040, 10)]
     ev = [X("user_annotation", "ProfilerStep#1", 0, 7000)]

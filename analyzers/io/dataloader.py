@@ -30,7 +30,7 @@ from hermes_kb.trace.bundle import RankTrace
 
 from .. import intervals as iv
 from ..context import RankContext
-from ..timeline.overlap import gloo_mask, gloo_waits
+from ..timeline.host_sets import gloo_mask, gloo_waits
 from ..whatif.sets import WhatIfSet, register
 
 MAX_STEP_FACTS = 8  # per-step facts per kind; beyond that only the steps with the largest values
@@ -528,7 +528,7 @@ def _untraced(ctx: RankContext, tids: np.ndarray, stacks: bool) -> list[Fact]:
     om = (ops["depth"].to_numpy() == 0) & on_tids(ops, tids) if len(ops) else np.zeros(0, bool)
     am = on_tids(ann, tids) & (ann["kind"] != "step").to_numpy() if len(ann) else np.zeros(0, bool)
     # CPU training with gloo: the driving thread waits for a gloo collective at work on gloo's
-    # threads (overlap.gloo_waits); those stretches cover host time like an annotation of its own
+    # threads (host_sets.gloo_waits); those stretches cover host time like an annotation of its own
     m = main_tid(tr)
     if m is not None and len(ann):
         (w_s, _), _ = gloo_waits(tr, m)

@@ -28,7 +28,7 @@ from hermes_kb.facts.breakdown import COMPONENTS, TOP_COMPONENTS, StepBreakdown
 
 from .. import intervals as iv
 from ..context import RankContext
-from .critical_path import COMM, CPU_OP, HOST_GAP, LAUNCH, RUNTIME, SYNC_WAIT, Graph
+from .graph import COMM, CPU_OP, HOST_GAP, LAUNCH, RUNTIME, SYNC_WAIT, Graph
 
 COMM_NAME = r"nccl|rccl|hcom|hccl"
 

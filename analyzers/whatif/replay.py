@@ -29,7 +29,7 @@ from hermes_kb.core.workers import in_two, two_processes
 
 from .. import intervals as iv
 from ..context import RankContext
-from ..timeline.critical_path import Graph
+from ..timeline.graph import Graph
 from .sets import WhatIfSet
 
 # the replay runs at f = 0.5 and 1 of each set's time (the curve between them is linear; the
