@@ -23,9 +23,9 @@ def _error(name: str, rank: int | None, exc: BaseException) -> AnalyzerError:
                          message=f"{type(exc).__name__}: {exc} ({where.filename.rsplit('/', 1)[-1]}:{where.lineno})")  # fmt: skip
 
 
-def _guarded(name: str, rank: int | None, fn: Callable[[], Any]) -> list[Fact]:
+def _guarded(name: str, rank: int | None, fn: Callable[..., Any], *args: Any) -> list[Fact]:
     try:
-        return list(fn())
+        return list(fn(*args))
     except Exception as exc:  # one analyzer's bug must not hide every other fact
         return [_error(name, rank, exc)]
 
@@ -51,7 +51,7 @@ def analyze_rank(trace: RankTrace, *, defer_replays: bool = False) -> tuple[Rank
             facts.append(fn)
         elif fn is not None:
             with ctx.shared.only(a.name, a.touches):
-                facts.extend(_guarded(a.name, ctx.rank, lambda: fn(ctx)))
+                facts.extend(_guarded(a.name, ctx.rank, fn, ctx))
     return ctx, facts
 
 
@@ -69,7 +69,7 @@ def analyze_cross_rank(ranks: Mapping[int, RankContext | RankDigest], facts: lis
         if isinstance(fn, AnalyzerError):
             out.append(fn)
         elif fn is not None:
-            out.extend(_guarded(a.name, None, lambda: fn(digests, facts)))
+            out.extend(_guarded(a.name, None, fn, digests, facts))
     return out
 
 
