@@ -9,7 +9,8 @@ import re
 import numpy as np
 import pandas as pd
 
-from ..names import collective_kind, dtype_bytes
+from ...core.dtypes import element_bytes
+from ..names import collective_kind
 from .timeline import Timeline
 
 _SEQ_RE = re.compile(r"_(\d+)_\d+$")
@@ -60,7 +61,7 @@ def hccl_collectives(tl, comm_ops, kd, matrix, meta_a, device_id: int, k_offset:
         extra = info.loc[name].to_dict() if info is not None and name in info.index else {}
         group = str(extra.get("group") or getattr(r, "group", "") or "")
         ranks = group_ranks.get(group, [])
-        size = dtype_bytes(str(getattr(r, "data_type", "") or "").strip())
+        size = element_bytes(str(getattr(r, "data_type", "") or "").strip())
         count = int(getattr(r, "count", -1))
         m = _SEQ_RE.search(name)
         row = {
