@@ -10,7 +10,7 @@ import pytest
 
 import hermes_kb
 from conftest import SHARED, ascend_x
-from hermes_kb.trace.ascend.reader import runtime_kind_npu
+from hermes_kb.trace.ascend.build import runtime_kind_npu
 
 ASCEND = SHARED / "ascend"
 needs_ascend = pytest.mark.skipif(not ASCEND.is_dir(), reason="../shared/data/ascend is absent")

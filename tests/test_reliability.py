@@ -615,7 +615,7 @@ def test_sqlite_export_is_read_without_writing_beside_it(shared, tmp_path):
 
 
 def test_db_connection_is_immutable():
-    src = (ROOT / "hermes_kb/trace/ascend/db.py").read_text()
+    src = (ROOT / "hermes_kb/trace/ascend/db_file.py").read_text()
     assert "mode=ro&immutable=1" in src and src.count("sqlite3.connect(") == 1
 
 

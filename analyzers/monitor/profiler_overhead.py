@@ -24,7 +24,7 @@ from hermes_kb.facts.monitor import MonitorCpu, ProfilerOverhead
 from hermes_kb.facts.steps import StepTime
 from hermes_kb.monitor.reader import RankLog
 
-WARMUP = 2  # the monitor's first steps are left out of the unprofiled steps, as in analyzers/monitor/run_log.py
+WARMUP = 2  # the monitor's first steps are left out of the unprofiled steps, as in analyzers/monitor/series.py
 MIN_UNPROFILED = 3
 QUANTILE = 25  # percent: the step time compared between profiled and unprofiled steps
 OVERLAP = 0.5  # a monitor step is profiled when half of it lies inside the capture's step windows

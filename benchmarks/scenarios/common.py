@@ -112,7 +112,7 @@ def small_cnn():
 
 def _busy_share(seconds: float = 1.0) -> float | None:
     """Busy share of all CPUs over ``seconds`` (from /proc/stat; None where it is absent)."""
-    from hermes_kb.monitor.recorder import system_cpu_jiffies
+    from hermes_kb.monitor.sampling import system_cpu_jiffies
 
     a = system_cpu_jiffies()
     time.sleep(seconds)

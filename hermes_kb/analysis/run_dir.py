@@ -38,8 +38,9 @@ def as_run_dir(paths) -> Path | None:
 
 def analyze_run_dir(run_dir: str | os.PathLike, *, max_workers: int | None = None) -> RunAnalysis:
     from ..analyzers.monitor.loader_cores import with_core_bounds
+    from ..analyzers.monitor.notes import notes_warnings
     from ..analyzers.monitor.profiler_overhead import with_profiler_overhead
-    from ..analyzers.monitor.run_log import monitor_facts, notes_warnings
+    from ..analyzers.monitor.run_log import monitor_facts
     from ..trace import load
     from .run import analyze_with_replay
 
@@ -122,7 +123,7 @@ def run_summary(ra: RunAnalysis) -> list[dict]:
 def step_series(log) -> list[tuple[int, float, str | None, float | None]]:
     """A monitor rank log's steps as (step, µs, spike cause, excess µs) with the monitor
     analyzer's own spike test (the HTML report's step chart)."""
-    from ..analyzers.monitor.run_log import step_series as series
+    from ..analyzers.monitor.steps import step_series as series
 
     return series(log)
 

@@ -17,7 +17,12 @@ a communication domain and a sustained throughput drop (``triggers.py``, ``peers
 the process groups and times their collectives (``domains.py``), and counts one step's FLOPs for
 MFU (``flops.py``); what it decided and why goes to ``RUN_DIR/rank<R>.monitor.jsonl``. Memory
 stays bounded however long the run: only fixed windows of step times are kept. ``hermes advise
-RUN_DIR`` reads it all back.
+RUN_DIR`` reads it all back (``reader.py``).
+
+The Monitor (``recorder.py``: the step record) is assembled from parts: the rank log and notes
+writer (``rank_log.py``), resource sampling and the optimizer hooks (``sampling.py``), the
+automatic captures (``auto_capture.py``, over ``capture.py``), the FLOP counting (``mfu.py``) and
+its background thread (``ticker.py``).
 """
 
 from .detect import RollingDetector

@@ -20,9 +20,14 @@ import sys
 from collections import defaultdict
 from typing import Any
 
-DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32", "float64": "fp64",
-          "double": "fp64", "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "float8_e4m3fnuz": "fp8",
-          "float8_e5m2fnuz": "fp8", "int8": "int8"}  # fmt: skip
+from ..core.dtypes import FLOAT_RANK, short_name
+
+
+def peak_key(dtype: str) -> str:
+    """The device peak table's key for a torch dtype name (hermes_kb/core/dtypes.py): a
+    floating-point type's short name, or int8; any other type counts as fp32."""
+    short = short_name(dtype)
+    return short if short is not None and (short in FLOAT_RANK or short == "int8") else "fp32"
 
 
 def _dtype_of(out: Any) -> str:
@@ -30,7 +35,7 @@ def _dtype_of(out: Any) -> str:
     while isinstance(t, (list, tuple)) and t:
         t = t[0]
     name = str(getattr(t, "dtype", "float32")).replace("torch.", "")
-    return DTYPES.get(name, "fp32")
+    return peak_key(name)
 
 
 def counter_class(torch: Any) -> Any:

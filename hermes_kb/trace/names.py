@@ -116,20 +116,3 @@ def collective_kind(name: str) -> str:
 
 def is_collective_kernel(name: str) -> bool:
     return bool(_COLL_KERNEL_RE.search(name))
-
-
-_DTYPE_BYTES = {
-    "float": 4, "float32": 4, "int": 4, "int32": 4, "uint32": 4,
-    "double": 8, "float64": 8, "long": 8, "int64": 8, "uint64": 8, "complexfloat": 8,
-    "half": 2, "float16": 2, "bfloat16": 2, "short": 2, "int16": 2, "uint16": 2,
-    "byte": 1, "char": 1, "bool": 1, "int8": 1, "uint8": 1, "complexdouble": 16,
-    "fp32": 4, "fp16": 2, "bfp16": 2, "bf16": 2, "fp64": 8,  # HCCL / Ascend spellings
-}  # fmt: skip
-
-
-def dtype_bytes(dtype: str) -> int | None:
-    """Element size of a PyTorch dtype name as profilers write it ('Float', 'BFloat16', 'c10::Half')."""
-    low = dtype.lower().split("::")[-1]
-    if low.startswith("float8") or low.startswith("float4"):
-        return 1
-    return _DTYPE_BYTES.get(low)

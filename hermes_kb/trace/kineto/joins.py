@@ -8,7 +8,8 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from ..names import collective_kind, dtype_bytes, is_collective_kernel
+from ...core.dtypes import element_bytes
+from ..names import collective_kind, is_collective_kernel
 
 
 def _split_text(v) -> str:
@@ -83,7 +84,7 @@ _COLL_COLUMNS = [
 
 def _collective_row(a, name, source, k, pidx, ts, dur, dev, stream, ext_id) -> dict[str, Any]:
     coll = a.collective if a is not None else None
-    size = dtype_bytes(a.dtype) if a is not None and a.dtype else None
+    size = element_bytes(a.dtype) if a is not None and a.dtype else None
     in_n = a.in_nelems if a is not None and a.in_nelems is not None else -1
     out_n = a.out_nelems if a is not None and a.out_nelems is not None else -1
     return {
