@@ -10,7 +10,7 @@ import pytest
 
 import hermes_kb
 from hermes_kb.analyzers.host import cpu as A
-from hermes_kb.analyzers.io.dataloader import MAX_STEP_FACTS
+from hermes_kb.analyzers.selection import MAX_STEP_FACTS
 from hermes_kb.analyzers.timeline.steps import step_context
 from conftest import EXAMPLE, SHARED, X, kineto_traces, needs_shared, write_trace
 

@@ -24,7 +24,7 @@ from test_analyzer_cpu import OP, RT, K  # the same hand-made event builders
 import hermes_kb
 from hermes_kb.analyzers.compute.compute import compute as C
 from hermes_kb.analyzers.host import cpu as A
-from hermes_kb.analyzers.io.dataloader import dataloader as IO
+from hermes_kb.analyzers.io import io as IO
 from hermes_kb.analyzers.timeline.breakdown import components
 from hermes_kb.analyzers.timeline.steps import step_context
 from hermes_kb.core.devices import lookup

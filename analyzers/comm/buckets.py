@@ -42,7 +42,7 @@ from hermes_kb.facts.buckets import BucketSearch
 
 from .comm import _issue_time
 from ..context import RankContext
-from ..io.dataloader import name_mask
+from ..selection import name_mask
 
 MIB = 1024 * 1024
 FIRST_BUCKET_BYTES = 1 * MIB  # DDP's dist._DEFAULT_FIRST_BUCKET_BYTES: the first bucket (in ready order)

@@ -41,8 +41,7 @@ from hermes_kb.facts.cpu import (
 
 from .. import intervals as iv
 from ..context import RankContext
-from ..whatif.sets import WhatIfSet, register
-from ..io.dataloader import (
+from ..selection import (
     GC_NAME,
     div,
     host_tids,
@@ -58,6 +57,7 @@ from ..io.dataloader import (
     top_ops_union,
     window_arrays,
 )
+from ..whatif.sets import WhatIfSet, register
 
 TOP_SOURCES = 10
 

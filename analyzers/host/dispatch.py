@@ -37,7 +37,7 @@ from hermes_kb.facts.cpu import (
 
 from .. import intervals as iv
 from ..context import RankContext
-from ..io.dataloader import div, main_tid, name_mask
+from ..selection import div, main_tid, name_mask
 from ..whatif.sets import WhatIfSet, register
 
 # 4096 elements is a few microseconds of arithmetic at most, about what PyTorch's Python binding,

@@ -41,7 +41,7 @@ from .. import intervals as iv
 from ..context import RankContext
 from .cpu import GC_COLLECT_RE, _blocked_union
 from .dispatch import TENSOR_STR_RE
-from ..io.dataloader import div, host_tids, main_tid, name_mask, on_tids, outermost_frames, python_stacks
+from ..selection import div, host_tids, main_tid, name_mask, on_tids, outermost_frames, python_stacks
 from ..whatif.sets import WhatIfSet, register
 
 EVALUATE_RE = re.compile(r"^autograd::engine::evaluate_function: ")
