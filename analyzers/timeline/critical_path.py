@@ -44,7 +44,7 @@ from hermes_kb.facts.critical_path import CriticalPath, CriticalPathOp, Critical
 
 from .. import intervals as iv
 from ..context import RankContext
-from ..host.cpu import SYNC_OPS
+from ..host.syncs import SYNC_OPS
 from .overlap import gloo_waits
 
 CATEGORIES = (
