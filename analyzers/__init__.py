@@ -4,7 +4,9 @@ facts (hermes_kb.analyzers).
 One folder per dimension of the analysis, one module per mechanism (docs/architecture.md):
 ``timeline/`` (steps, overlap, critical path, breakdown, fluctuation), ``io/``, ``host/``
 (launch, dispatch, Python), ``compute/``, ``comm/`` (collectives, buckets, parallelism),
-``npu/``, ``monitor/`` (the monitor's logs), ``whatif/`` (the sets a fix shortens, the replay).
+``npu/``, ``monitor/`` (the monitor's logs), ``whatif/`` (the sets a fix shortens, the replay);
+beside them what they share: ``context`` (a rank's frames and step windows), ``intervals``
+(interval arithmetic) and ``selection`` (events by name, thread and step window).
 Which of them run, in which order, and what each hands to the next through ``ctx.shared`` is
 written in hermes_kb/analysis/registry.py, the only module that imports them to run them.
 

@@ -10,7 +10,8 @@ import pytest
 
 import hermes_kb
 from hermes_kb.analyzers.host import cpu as A
-from hermes_kb.analyzers.io.dataloader import MAX_STEP_FACTS
+from hermes_kb.analyzers.host import syncs
+from hermes_kb.analyzers.selection import MAX_STEP_FACTS
 from hermes_kb.analyzers.timeline.steps import step_context
 from conftest import EXAMPLE, SHARED, X, kineto_traces, needs_shared, write_trace
 
@@ -257,7 +258,7 @@ def test_every_real_trace(path):
                 if f.queue_p50_us is not None:
                     assert f.queue_p50_us <= f.queue_p95_us
             elif f.kind == "host_sync":
-                assert f.longest_sync_us <= f.sync_calls_us + 1e-6 and len(f.top_sources) <= A.TOP_SOURCES
+                assert f.longest_sync_us <= f.sync_calls_us + 1e-6 and len(f.top_sources) <= syncs.TOP_SOURCES
                 assert f.dtoh_blocking_count <= f.dtoh_count or f.dtoh_count == 0
             elif f.kind == "compilation":
                 assert f.compile_us <= f.window_us + 1e-6

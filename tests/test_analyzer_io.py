@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 
 import hermes_kb
-from hermes_kb.analyzers.io.dataloader import dataloader as A
+from hermes_kb.analyzers.io import io as A
+from hermes_kb.analyzers.selection import MAX_STEP_FACTS
 from hermes_kb.analyzers.timeline.steps import step_context
 from conftest import EXAMPLE, SHARED, X, kineto_traces, needs_shared, write_trace
 
@@ -193,7 +194,7 @@ def test_per_step_facts_are_capped(tmp_path):
     (ctx,) = contexts(write_trace(tmp_path / "t.json", ev))
     steps = [f.step for f in facts_of(ctx, "dataloader_wait")]
     # 12 steps (the last is not partial: same length), per-step facts for the 8 longest waits + aggregate
-    assert len(steps) == A.MAX_STEP_FACTS + 1 and steps[-1] is None
+    assert len(steps) == MAX_STEP_FACTS + 1 and steps[-1] is None
     assert sorted(steps[:-1]) == list(range(4, 12))
 
 
@@ -263,14 +264,14 @@ def test_every_real_trace(path):
             elif f.kind == "h2d_copies":
                 assert f.copies_count > 0 and f.copied_bytes >= 0
         n_step = sum(1 for f in A.per_rank(ctx) if f.step is not None)
-        assert n_step <= 2 * A.MAX_STEP_FACTS
+        assert n_step <= 2 * MAX_STEP_FACTS
 
 
 def test_python_io_time_is_separated_from_other_python(tmp_path):
     # step [0, 1000): ops cover [0, 100) and [900, 1000); between them Python runs for 800 µs,
     # of which fsync [300, 500) and a write [600, 650) block on I/O: 250 µs of I/O, 800 of Python
     from hermes_kb.analyzers.timeline.steps import step_context
-    from hermes_kb.analyzers.io.dataloader import dataloader as io_an
+    from hermes_kb.analyzers.io import io as io_an
 
     ev = [
         X("user_annotation", "ProfilerStep#1", 0, 1000),
@@ -294,7 +295,7 @@ def test_inline_preprocessing_time_is_measured_between_operators(tmp_path):
     # it an operator [300, 350) (an operator, not Python: not counted); model code the rest.
     # Preprocessing between operators = 500 - 50 = 450 µs of the 800 µs of Python.
     from hermes_kb.analyzers.timeline.steps import step_context
-    from hermes_kb.analyzers.io.dataloader import dataloader as io_an
+    from hermes_kb.analyzers.io import io as io_an
 
     ev = [
         X("user_annotation", "ProfilerStep#1", 0, 1000),
@@ -334,7 +335,7 @@ def test_inline_preprocessing_time_is_measured_between_operators(tmp_path):
     ("numpy/core/fromnumeric.py(50): sum", False),
 ])
 def test_preprocess_frames_by_path(name, hit):
-    from hermes_kb.analyzers.io.dataloader import PREPROCESS_RE
+    from hermes_kb.analyzers.io.untraced import PREPROCESS_RE
 
     assert bool(PREPROCESS_RE.search(name)) is hit
 
@@ -350,7 +351,7 @@ def test_preprocess_frames_by_path(name, hit):
     ("<built-in method read of _io.BufferedReader object at 0x7f>", True),
 ])
 def test_python_io_frames_json_file_calls_only(name, hit):
-    from hermes_kb.analyzers.io.dataloader import PYTHON_IO_RE
+    from hermes_kb.analyzers.io.untraced import PYTHON_IO_RE
 
     assert bool(PYTHON_IO_RE.search(name)) is hit
 
@@ -361,7 +362,7 @@ def test_periodic_io_steps_count_all_they_add(tmp_path):
     # builds the state dict in Python. The quiet steps take 1000 µs, the I/O steps 4000 µs: they add
     # 2 x 3000 µs, the I/O frames 2 x 2000 µs (4000 >= half of 6000: the I/O sets them apart).
     from hermes_kb.analyzers.timeline.steps import step_context
-    from hermes_kb.analyzers.io.dataloader import dataloader as io_an
+    from hermes_kb.analyzers.io import io as io_an
 
     ev, pid = [], 1
     for k, t0 in enumerate((0, 1000, 5000, 6000)):

@@ -22,9 +22,9 @@ from conftest import X, write_trace
 from test_analyzer_cpu import OP, RT, K  # the same hand-made event builders
 
 import hermes_kb
-from hermes_kb.analyzers.compute.compute import compute as C
+from hermes_kb.analyzers.compute import compute as C
 from hermes_kb.analyzers.host import cpu as A
-from hermes_kb.analyzers.io.dataloader import dataloader as IO
+from hermes_kb.analyzers.io import io as IO
 from hermes_kb.analyzers.timeline.breakdown import components
 from hermes_kb.analyzers.timeline.steps import step_context
 from hermes_kb.core.devices import lookup
@@ -167,7 +167,7 @@ def test_a_sync_after_the_last_step_annotation_is_no_steps(tmp_path):
 
 
 def test_the_replay_takes_the_profilers_cost_off_the_host(tmp_path):
-    from hermes_kb.analyzers.whatif.replay import replay as W
+    from hermes_kb.analyzers.whatif import replay as W
     from hermes_kb.analyzers.timeline.critical_path import per_rank as cp_rank
 
     # 4 steps of 1000 µs: the host is busy 900 µs per step in ops (the profiler's cost included)

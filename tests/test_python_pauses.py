@@ -1,4 +1,4 @@
-"""Irregular pauses of ordinary Python code (analyzers/io/dataloader.py, C-CPU-028): garbage collection
+"""Irregular pauses of ordinary Python code (analyzers/io/untraced.py, C-CPU-028): garbage collection
 seen without GC events, told apart from regular I/O and regular Python work."""
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from hermes_kb.core.dtypes import element_bytes
 from hermes_kb.trace.args import decode, first_shape
 
 from ..context import RankContext
-from ..io.dataloader import name_mask
+from ..selection import name_mask
 from .collectives import issue_time
 
 BACKWARD_PREFIX = "autograd::engine::evaluate_function:"

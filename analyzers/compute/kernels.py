@@ -75,7 +75,7 @@ from .compute import (
     tensor_core_kind,
 )
 from ..context import RankContext
-from ..io.dataloader import name_mask
+from ..selection import name_mask
 from .flops import DTYPES
 from ..whatif.sets import WhatIfSet, register
 

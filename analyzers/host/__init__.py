@@ -1,3 +1,7 @@
-"""The host side of a step: launch and synchronisation costs, GC and compilation (``cpu``),
-per-call dispatch costs (``dispatch``), Python code that costs time for no training work
-(``pyframes``) and small batches on CPU-only traces (``cpu_batch``)."""
+"""The host side of a step. The cpu analyzer (``cpu``: host vs device busy) runs ``launches``
+(launch cost, the host work that issues device work), ``syncs`` (synchronisations, host time
+blocked on the device), ``gc_pauses``, ``compilation`` and ``runtime_calls`` (allocation, graph
+capture, Ascend's task queue); the dispatch analyzer (``dispatch``: tiny operators, optimizer
+steps, zero_grad) runs ``parallel_wrappers`` (DDP buffer broadcast, DataParallel, SyncBatchNorm);
+``pyframes``: Python code that costs time for no training work; ``cpu_batch``: small batches on
+CPU-only traces."""

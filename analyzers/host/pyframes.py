@@ -39,10 +39,11 @@ from hermes_kb.facts.cpu import (
 
 from .. import intervals as iv
 from ..context import RankContext
-from .cpu import GC_COLLECT_RE, _blocked_union
-from .dispatch import TENSOR_STR_RE
-from ..io.dataloader import div, host_tids, main_tid, name_mask, on_tids, outermost_frames, python_stacks
+from ..selection import div, host_tids, main_tid, name_mask, on_tids, outermost_frames, python_stacks
 from ..whatif.sets import WhatIfSet, register
+from .dispatch import TENSOR_STR_RE
+from .gc_pauses import GC_COLLECT_RE
+from .syncs import blocked_union
 
 EVALUATE_RE = re.compile(r"^autograd::engine::evaluate_function: ")
 NAN_CHECK_OPS = frozenset({"aten::isnan", "aten::_is_any_true", "aten::any", "aten::item", "aten::_local_scalar_dense"})
@@ -172,7 +173,7 @@ def _formatting(ctx: RankContext, tids: np.ndarray) -> list[Fact]:
     u, n, per = _blocks(t.astype(np.int64), s, e)
     # a read-back inside waits for the device: that wait is the synchronisation's (host_sync), not
     # the printing's, and it does not go away with the printing when anything else reads back later
-    waits = _blocked_union(tr, tids)
+    waits = blocked_union(tr, tids)
     ops = tr.cpu_ops
     if len(tr.kernels) and len(ops):
         # on a device rank every read-back (item / _local_scalar_dense) waits for the queued device

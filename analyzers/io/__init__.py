@@ -1,2 +1,2 @@
-"""Input: DataLoader waits and their make-up, host time no operator covers, host-to-device
-copies."""
+"""Input: DataLoader waits and their make-up (``dataloader``), host time no operator covers
+(``untraced``), host-to-device copies (``h2d``); ``io`` runs them as the io analyzer."""

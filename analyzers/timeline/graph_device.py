@@ -14,7 +14,7 @@ import pandas as pd
 
 from hermes_kb.trace.bundle import RankTrace
 
-from ..host.cpu import SYNC_OPS
+from ..host.syncs import SYNC_OPS
 from .graph import COMM, KERNEL, LAUNCH, MEMCPY, Keyer, Names, last_le
 from .graph_host import CallSplit, HostNodes, RuntimeGroups
 

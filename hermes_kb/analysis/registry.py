@@ -48,7 +48,7 @@ PER_RANK: tuple[Analyzer, ...] = (
     # the rank's dependency graph and each step's critical path through it
     _a("critical_path", "timeline.critical_path", gives="graph main_tid critical_path critical_segments"),
     # the analyzers below register the events their fix shortens as what-if sets (whatif_sets)
-    _a("io", "io.dataloader", reads="critical_path", gives="whatif_sets"),
+    _a("io", "io.io", reads="critical_path", gives="whatif_sets"),
     _a("cpu", "host.cpu", gives="whatif_sets"),
     _a("dispatch", "host.dispatch", gives="whatif_sets ops_in_optimizer dispatch_device_busy"),
     _a("pyframes", "host.pyframes", gives="whatif_sets"),

@@ -1,7 +1,7 @@
-"""Facts of the cpu analyzer (analyzers/host/cpu.py): kernel launch and dispatch cost, host-device
-synchronisations and the operators behind them, Python garbage collection, torch.compile /
-autotuning activity, and how busy the host is next to the device. Formulas and thresholds:
-docs/analysis/cpu.md.
+"""Facts of the cpu analyzer (analyzers/host/cpu.py and the modules it runs): kernel launch and
+dispatch cost, host-device synchronisations and the operators behind them, Python garbage
+collection, torch.compile / autotuning activity, and how busy the host is next to the device.
+Formulas and thresholds: docs/analysis/cpu.md.
 """
 
 from __future__ import annotations
@@ -360,7 +360,7 @@ class GcCollectCalls(Fact):
     collect_ratio: float = ratio("collect_us / window_us")
 
 
-# ---------------------------------------------------------------- framework operators (analyzers/host/dispatch.py)
+# ---------------------------------------------------------------- framework operators (analyzers/host/dispatch.py, parallel_wrappers.py)
 
 
 class ZeroGrad(Fact):
@@ -440,7 +440,7 @@ class SyncBatchNormSync(Fact):
     blocking_ratio: float = ratio("blocking_us / window_us")
 
 
-# ---------------------------------------------------------------- runtime calls (analyzers/host/cpu.py)
+# ---------------------------------------------------------------- runtime calls (analyzers/host/runtime_calls.py)
 
 
 class DeviceAllocation(Fact):

@@ -1,6 +1,7 @@
-"""Facts of the io analyzer (analyzers/io/dataloader.py): how long the training loop waits for its data,
-what that wait is made of (the Hermes paper's reading / processing / fetching split, adapted to
-what a Kineto trace records), host time no trace event explains, and host-to-device copies.
+"""Facts of the io analyzer (analyzers/io/: dataloader.py, untraced.py, h2d.py): how long the
+training loop waits for its data, what that wait is made of (the Hermes paper's reading /
+processing / fetching split, adapted to what a Kineto trace records), host time no trace event
+explains, and host-to-device copies.
 Formulas and thresholds: docs/analysis/io.md.
 """
 
@@ -148,7 +149,7 @@ class UntracedHostTime(Fact):
     untraced_us: float = us("part of outside_ops_us covered by no python_function either")
     python_io_us: float = us(
         "part of python_us inside Python frames that block on I/O or the clock: open/write/flush/fsync/sleep, "
-        "pickler dump/load, torch.save/load, logging handlers, socket calls (analyzers/io/dataloader.py PYTHON_IO_RE)",
+        "pickler dump/load, torch.save/load, logging handlers, socket calls (analyzers/io/untraced.py PYTHON_IO_RE)",
         default=0.0,
     )
     python_io_ratio: float = ratio("python_io_us / window_us", default=0.0)
@@ -172,7 +173,7 @@ class UntracedHostTime(Fact):
     python_preprocess_us: float = us(
         "part of python_us inside input-preprocessing frames on the host threads, outside any DataLoader: image, "
         "video and audio decoding and transforms, tokenizers, Hugging Face processors and pipeline preprocess "
-        "(analyzers/io/dataloader.py PREPROCESS_RE)", default=0.0,
+        "(analyzers/io/untraced.py PREPROCESS_RE)", default=0.0,
     )
     python_preprocess_ratio: float = ratio("python_preprocess_us / window_us", default=0.0)
     python_preprocess_share_ratio: float = ratio(
