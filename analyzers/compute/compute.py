@@ -26,16 +26,10 @@ import pandas as pd
 
 from hermes_kb.core.devices import DeviceSpec, device_of_trace
 from hermes_kb.facts.base import Evidence, Fact
-from hermes_kb.facts.compute import (
-    FusionCandidates,
-    FusionSequence,
-    KernelClassShare,
-    ModelFlopsUtilization,
-    OperatorRoofline,
-    RooflineSummary,
-    ShortKernels,
-    TensorCoreUsage,
-)
+from hermes_kb.facts.compute.classes import KernelClassShare, ShortKernels
+from hermes_kb.facts.compute.fusion import FusionCandidates, FusionSequence
+from hermes_kb.facts.compute.precision import TensorCoreUsage
+from hermes_kb.facts.compute.roofline import ModelFlopsUtilization, OperatorRoofline, RooflineSummary
 
 from .. import intervals as iv
 from ..context import RankContext

@@ -32,30 +32,14 @@ import pandas as pd
 
 from hermes_kb.core.devices import DeviceSpec
 from hermes_kb.facts.base import Evidence, Fact
-from hermes_kb.facts.compute import (
-    ActivationRecompute,
-    ConvFallback,
-    DecomposedNorm,
-    DeviceCopyKind,
-    EmbeddingBackward,
-    Fp64DeviceWork,
-    GemmAlignment,
-    GradScalerKernels,
-    AttentionBackends,
-    KernelGridFill,
-    KernelRoofline,
-    KernelRooflineSummary,
-    NpuCubeAlignment,
-    NpuFlashAttentionAlignment,
-    GemmEpilogue,
-    SortKernels,
-    KernelWaves,
-    LargeVocabLoss,
-    OptimizerDevice,
-    SdpaMathFallback,
-    StridedElementwise,
-    TrainModeInference,
-)
+from hermes_kb.facts.compute.attention import AttentionBackends, NpuFlashAttentionAlignment, SdpaMathFallback
+from hermes_kb.facts.compute.fusion import DecomposedNorm, GemmEpilogue
+from hermes_kb.facts.compute.layers import ConvFallback, EmbeddingBackward, LargeVocabLoss, SortKernels
+from hermes_kb.facts.compute.layouts import DeviceCopyKind, GemmAlignment, NpuCubeAlignment, StridedElementwise
+from hermes_kb.facts.compute.occupancy import KernelGridFill, KernelWaves
+from hermes_kb.facts.compute.precision import Fp64DeviceWork, GradScalerKernels
+from hermes_kb.facts.compute.roofline import KernelRoofline, KernelRooflineSummary
+from hermes_kb.facts.compute.training_step import ActivationRecompute, OptimizerDevice, TrainModeInference
 
 from .. import intervals as iv
 from .compute import (
