@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from hermes_kb.core.devices import DeviceSpec, device_of_trace
+from hermes_kb.core.dtypes import FLOAT_RANK
 from hermes_kb.facts.base import Evidence, Fact
 from hermes_kb.facts.compute.classes import KernelClassShare, ShortKernels
 from hermes_kb.facts.compute.fusion import FusionCandidates, FusionSequence
@@ -35,7 +36,7 @@ from .. import intervals as iv
 from ..context import RankContext
 from ..host.dispatch import ops_in_optimizer
 from ..whatif.sets import WhatIfSet, register
-from .flops import ELEMENTWISE_OPS, FLOAT_RANK, is_recognised, op_cost, shape_signature
+from .flops import ELEMENTWISE_OPS, is_recognised, op_cost, shape_signature
 
 # --- parameters (docs/analysis/compute.md says where each comes from) -----------------------
 SHORT_KERNEL_US = 10.0  # kernels shorter than this are dominated by launch overhead

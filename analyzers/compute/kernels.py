@@ -23,7 +23,6 @@ advisor replays the fix instead of subtracting times.
 
 from __future__ import annotations
 
-import json
 import re
 from functools import lru_cache
 
@@ -31,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from hermes_kb.core.devices import DeviceSpec
+from hermes_kb.core.dtypes import input_type
 from hermes_kb.facts.base import Evidence, Fact
 from hermes_kb.facts.compute.attention import AttentionBackends, NpuFlashAttentionAlignment, SdpaMathFallback
 from hermes_kb.facts.compute.fusion import DecomposedNorm, GemmEpilogue
@@ -40,6 +40,7 @@ from hermes_kb.facts.compute.occupancy import KernelGridFill, KernelWaves
 from hermes_kb.facts.compute.precision import Fp64DeviceWork, GradScalerKernels
 from hermes_kb.facts.compute.roofline import KernelRoofline, KernelRooflineSummary
 from hermes_kb.facts.compute.training_step import ActivationRecompute, OptimizerDevice, TrainModeInference
+from hermes_kb.trace.args import decode
 
 from .. import intervals as iv
 from .compute import (
@@ -60,7 +61,6 @@ from .compute import (
 )
 from ..context import RankContext
 from ..io.dataloader import name_mask
-from .flops import DTYPES
 from ..whatif.sets import WhatIfSet, register
 
 # --- parameters (docs/analysis/compute.md says where each comes from) -----------------------
@@ -405,11 +405,8 @@ def copy_kind_of_name(name: str) -> str:
 @lru_cache(maxsize=4096)
 def _copy_dtypes_differ(types_text: str) -> bool | None:
     """aten::copy_(dst, src): True when dst and src have different dtypes (None: not recorded)."""
-    try:
-        t = json.loads(types_text) if types_text else None
-    except (TypeError, ValueError):
-        return None
-    if not isinstance(t, list) or len(t) < 2 or t[0] not in DTYPES or t[1] not in DTYPES:
+    t = decode(types_text)
+    if not isinstance(t, list) or len(t) < 2 or input_type(t[0]) is None or input_type(t[1]) is None:
         return None
     return t[0] != t[1]
 
@@ -842,10 +839,7 @@ def _embedding(ctx: RankContext, act: _Acts, k: _Acts, launcher: np.ndarray | No
             cv, cc = _cat_apply(ops["concrete_inputs"], str)
             vals = []
             for txt in cv[cc][dense & win]:  # embedding_backward, embedding_dense_backward: num_weights is arg 2
-                try:
-                    c = json.loads(txt) if txt else None
-                except (TypeError, ValueError):
-                    c = None
+                c = decode(txt)
                 if isinstance(c, list) and len(c) > 2:
                     try:
                         vals.append(int(str(c[2]).strip('"')))
@@ -884,15 +878,16 @@ def _large_vocab(ctx: RankContext, act: _Acts, k: _Acts, launcher: np.ndarray | 
         types_v, tcodes = np.array([""], dtype=object), np.zeros(len(ops), np.int64)
     best = None
     for r in np.flatnonzero(ls):
-        try:
-            d = json.loads(dims_v[dcodes[r]])[0]
-            t = json.loads(types_v[tcodes[r]])[0] if types_v[tcodes[r]] else ""
-        except (TypeError, ValueError, IndexError):
+        dims, types = decode(dims_v[dcodes[r]]), decode(types_v[tcodes[r]])
+        try:  # the first argument's shape and dtype (None, an empty list, a number: not recorded)
+            d = dims[0]
+            t = types[0] if types_v[tcodes[r]] else ""
+        except (TypeError, IndexError):
             continue
         if isinstance(d, list) and len(d) >= 2 and all(isinstance(x, int) for x in d) and d[-1] >= VOCAB_MIN:
             rows = int(np.prod(d[:-1]))
             if best is None or rows * d[-1] > best[0] * best[1]:
-                best = (rows, int(d[-1]), DTYPES.get(t, ("unknown", 4)))
+                best = (rows, int(d[-1]), input_type(t) or ("unknown", 4))
     if best is None:
         return []
     loss_v = np.array([n in _LOSS_OPS for n in names_v], dtype=bool)
@@ -955,15 +950,11 @@ def _sdpa_masks(ctx: RankContext) -> tuple[int, int, int]:
     masked = not_causal = 0
     pairs, counts = np.unique(np.stack([dcodes[sd], ccodes[sd]]), axis=1, return_counts=True)
     for (dc, cc), n in zip(pairs.T, counts, strict=True):
-        try:
-            dims = json.loads(dims_v[dc])
-        except (TypeError, ValueError):
-            continue
+        dims = decode(dims_v[dc])
         if isinstance(dims, list) and len(dims) > 3 and isinstance(dims[3], list) and len(dims[3]) >= 2:
             masked += int(n)
-            try:
-                flags = json.loads(conc_v[cc]) if conc_v[cc] else []
-            except (TypeError, ValueError):
+            flags = decode(conc_v[cc])
+            if flags is None:  # not recorded
                 flags = []
             if len(flags) > 5 and str(flags[5]) == "False":
                 not_causal += int(n)
@@ -1233,6 +1224,20 @@ def _npu_fa(ctx: RankContext, act: _Acts, k: _Acts) -> list[Fact]:
 
 
 # --- SDPA's math fallback ----------------------------------------------------------------------------
+def _decode_pair(dims_text: str, types_text: str) -> tuple:
+    """A call's decoded Input Dims and Input type (an empty text is null); both None when either
+    text is not JSON."""
+    dims, types = decode(dims_text), decode(types_text)
+    if _not_json(dims_text, dims) or _not_json(types_text, types):
+        return None, None
+    return dims, types
+
+
+def _not_json(text: str, value) -> bool:
+    """``decode`` gave None for a text that is neither empty nor JSON's null."""
+    return value is None and bool(text) and text.strip(" \t\n\r") != "null"
+
+
 def _sdpa_math(ctx: RankContext, act: _Acts, k: _Acts, launcher: np.ndarray | None) -> list[Fact]:
     ops = ctx.trace.cpu_ops
     if launcher is None or not len(ops):
@@ -1260,15 +1265,11 @@ def _sdpa_math(ctx: RankContext, act: _Acts, k: _Acts, launcher: np.ndarray | No
     best = int(pd.Series(k.dur[fk]).groupby(call).sum().idxmax())
     dtype, head, shape = "unknown", None, ""
     if "input_dims" in ops.columns and "input_types" in ops.columns:
-        try:
-            dims = json.loads(str(ops["input_dims"].iloc[best]) or "null")
-            types = json.loads(str(ops["input_types"].iloc[best]) or "null")
-        except ValueError:
-            dims = types = None
+        dims, types = _decode_pair(str(ops["input_dims"].iloc[best]), str(ops["input_types"].iloc[best]))
         if isinstance(dims, list) and dims and isinstance(dims[0], list) and dims[0]:
             head = int(dims[0][-1])
         if isinstance(types, list) and types:
-            dtype = DTYPES.get(types[0], ("unknown", 0))[0]
+            dtype = (input_type(types[0]) or ("unknown", 0))[0]
         from .flops import shape_signature
 
         shape = shape_signature(str(ops["input_dims"].iloc[best]), str(ops["input_types"].iloc[best]))
@@ -1518,10 +1519,7 @@ _BN_TRAIN_OPS = frozenset({"aten::_batch_norm_with_update"})  # always the train
 
 def _bn_training(txt: str) -> bool:
     """A batch-norm call's `training` argument from its Concrete Inputs (False when not recorded)."""
-    try:
-        c = json.loads(txt) if txt else None
-    except (TypeError, ValueError):
-        return False
+    c = decode(txt)
     return isinstance(c, list) and len(c) > 5 and str(c[5]).strip('"') == "True"
 
 
