@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import hermes_kb
-from hermes_kb.analyzers.compute.compute import compute as C
+from hermes_kb.analyzers.compute import compute as C
 from hermes_kb.analyzers.host import dispatch as D
 from hermes_kb.analyzers.timeline.steps import step_context
 from conftest import X, write_trace

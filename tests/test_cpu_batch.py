@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import hermes_kb
-from hermes_kb.analyzers.compute.compute import compute
+from hermes_kb.analyzers.compute import compute
 from hermes_kb.analyzers.host import cpu_batch
 from hermes_kb.analyzers.compute.flops import op_cost
 from hermes_kb.analyzers.timeline.steps import step_context
