@@ -22,7 +22,6 @@ from .layouts import copy_kind_of_name
 
 # --- parameters (docs/analysis/compute.md says where each comes from) -----------------------
 TOP_FUSION = 5  # fusion-candidate sequences per rank
-
 FUSION_MIN_COUNT = 3  # a sequence must repeat at least this often
 FUSION_NGRAMS = (2, 3, 4)
 FUSION_CLASSES = ("elementwise", "reduction", "norm")
@@ -60,6 +59,7 @@ def _pipe_times(ctx: RankContext, k: Acts) -> tuple[np.ndarray, np.ndarray] | No
 
 
 def fusion_candidates(ctx: RankContext, k: Acts) -> list[Fact]:
+    """The repeated sequences of fusable kernels: the longest TOP_FUSION, and how many there are."""
     if len(k) < 2:
         return []
     order = np.lexsort((k.ts, k.stream, k.device))
@@ -67,14 +67,32 @@ def fusion_candidates(ctx: RankContext, k: Acts) -> list[Fact]:
     cand = np.isin(k.cls, [CLS_INDEX[c] for c in FUSION_CLASSES])
     if cand.sum() < 2:
         return []
-    # token = class + short name, per distinct (kernel name, class)
+    tok, lab_u = _tokens(k, cand)
+    V = len(lab_u) + 1
+    cands, found = _ngrams(k, tok, V)
+    if not cands:
+        return []
+    chosen = _choose(cands, V)
+    gap_after = _gaps(k)
+    measured, cov, cov_pairs = _measure(ctx, k, chosen, found, gap_after)
+    return [_candidates_fact(ctx, k, cand, lab_u, chosen, measured, cov, float(gap_after[cov_pairs].sum()))]
+
+
+def _tokens(k: Acts, cand: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per kernel, its token (class + short name, per distinct (kernel name, class)) or -1 when it
+    is no candidate; and the token labels."""
     pair = k.name_id * len(CLASSES) + k.cls
     uid, inv = np.unique(pair, return_inverse=True)
     labels = np.array([f"{CLASSES[p % len(CLASSES)]}:{short_kernel_name(str(k.names[p // len(CLASSES)]))}"
                        for p in uid], dtype=object)  # fmt: skip
     lab_u, lab_inv = np.unique(labels, return_inverse=True)
     tok = np.where(cand, lab_inv[inv.reshape(-1)], -1).astype(np.int64)
-    V = len(lab_u) + 1
+    return tok, lab_u
+
+
+def _ngrams(k: Acts, tok: np.ndarray, V: int) -> tuple[list[tuple[float, int, int, int]], dict]:
+    """The n-grams of candidate kernels on one stream that occur at least FUSION_MIN_COUNT times:
+    (total time, occurrences, n, key) each, and per n (keys, start, key index) of the occurrences."""
     cands: list[tuple[float, int, int, int]] = []  # (total time, count, n, key)
     found: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # n -> (keys, start, key index)
     nk = len(tok)
@@ -109,8 +127,11 @@ def fusion_candidates(ctx: RankContext, k: Acts) -> list[Fact]:
         occ = covered // n
         good = np.flatnonzero(occ >= FUSION_MIN_COUNT)
         cands.extend((float(times[i]), int(occ[i]), n, int(keys[i])) for i in good)
-    if not cands:
-        return []
+    return cands, found
+
+
+def _choose(cands: list[tuple[float, int, int, int]], V: int) -> list[tuple[float, int, tuple[int, ...], int, int]]:
+    """The candidates by time, each run of kernels once (at most FUSION_MAX_COUNTED)."""
     cands.sort(key=lambda x: (-x[0], -x[2]))
     chosen: list[tuple[float, int, tuple[int, ...], int, int]] = []  # (time, count, tokens, n, key)
     for tt, c, n, kk in cands:
@@ -125,11 +146,24 @@ def fusion_candidates(ctx: RankContext, k: Acts) -> list[Fact]:
         chosen.append((tt, c, seq_t, n, kk))
         if len(chosen) >= FUSION_MAX_COUNTED:
             break
-    pipes = _pipe_times(ctx, k)
-    gap_after = np.zeros(nk)  # idle time between kernel i and kernel i+1 on the same stream
+    return chosen
+
+
+def _gaps(k: Acts) -> np.ndarray:
+    """Idle time between kernel i and kernel i+1 on the same stream (0 for the last of a stream)."""
+    nk = len(k)
+    gap_after = np.zeros(nk)
     if nk > 1:
         same = (k.stream[1:] == k.stream[:-1]) & (k.device[1:] == k.device[:-1])
         gap_after[:-1] = np.where(same, np.maximum(0.0, k.ts[1:] - k.end[:-1]), 0.0)
+    return gap_after
+
+
+def _measure(ctx: RankContext, k: Acts, chosen: list, found: dict,
+             gap_after: np.ndarray) -> tuple[list[tuple], np.ndarray, np.ndarray]:  # fmt: skip
+    """Per chosen sequence (gaps, exec ratio, MTE time, MTE ratio); the kernels and the kernel
+    pairs all of them cover, each once."""
+    pipes = _pipe_times(ctx, k)
     all_kernels: list[np.ndarray] = []
     all_pairs: list[np.ndarray] = []
     measured = []
@@ -147,10 +181,15 @@ def fusion_candidates(ctx: RankContext, k: Acts) -> list[Fact]:
             mte, core = float(pipes[0][kern].sum()), float(pipes[1][kern].sum())
         mte_ratio = mte / core if (mte is not None and core) else None
         measured.append((gap, exec_ratio, mte if mte_ratio is not None else None, mte_ratio))
-    host_flags = [m[1] < FUSION_HOST_BOUND for m in measured]
-    mte_flags = [m[3] is not None and m[3] > FUSION_MTE_BOUND for m in measured]
     cov = np.unique(np.concatenate(all_kernels))
     cov_pairs = np.unique(np.concatenate(all_pairs)) if all_pairs else np.zeros(0, dtype=np.int64)
+    return measured, cov, cov_pairs
+
+
+def _candidates_fact(ctx: RankContext, k: Acts, cand: np.ndarray, lab_u: np.ndarray, chosen: list,
+                     measured: list[tuple], cov: np.ndarray, cov_gap: float) -> FusionCandidates:  # fmt: skip
+    host_flags = [m[1] < FUSION_HOST_BOUND for m in measured]
+    mte_flags = [m[3] is not None and m[3] > FUSION_MTE_BOUND for m in measured]
     total = float(k.dur.sum())
     cand_time = float(k.dur[cand].sum())
     seqs = [FusionSequence(kernels=[str(lab_u[i]) for i in s], length_count=len(s), occurrences_count=c,
@@ -159,12 +198,12 @@ def fusion_candidates(ctx: RankContext, k: Acts) -> list[Fact]:
                            gap_us=gap, exec_ratio=ratio(er), host_bound=hb,
                            mte_us=mte, mte_ratio=mr, mte_bound=(mb if mr is not None else None))
             for (tt, c, s, _, _), (gap, er, mte, mr), hb, mb in zip(chosen, measured, host_flags, mte_flags)][:TOP_FUSION]  # fmt: skip
-    return [FusionCandidates(
+    return FusionCandidates(
         rank=ctx.rank, sequences=seqs, candidate_kernels_count=int(cand.sum()), candidate_time_us=cand_time,
         candidate_time_ratio=ratio(cand_time / total) if total else 0.0,
         min_occurrences_count=FUSION_MIN_COUNT,
         sequences_count=len(chosen), sequences_time_us=float(k.dur[cov].sum()),
-        sequences_gap_us=float(gap_after[cov_pairs].sum()),
+        sequences_gap_us=cov_gap,
         host_bound_count=int(sum(host_flags)), mte_bound_count=int(sum(mte_flags)),
         host_bound_threshold_ratio=FUSION_HOST_BOUND, mte_bound_threshold_ratio=FUSION_MTE_BOUND,
         evidence=Evidence(
@@ -177,7 +216,7 @@ def fusion_candidates(ctx: RankContext, k: Acts) -> list[Fact]:
                  "exec_ratio < host_bound_threshold_ratio; MTE bound (Ascend pipe metrics): mte_ratio > "
                  "mte_bound_threshold_ratio (msprof-analyze's fusible-operator thresholds)",
         ),
-    )]  # fmt: skip
+    )  # fmt: skip
 
 
 def _same_run(big: tuple[int, ...], big_count: int, small: tuple[int, ...], small_count: int) -> bool:

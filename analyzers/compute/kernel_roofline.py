@@ -67,14 +67,26 @@ def attribution(ctx: RankContext, k: Acts) -> tuple[np.ndarray, np.ndarray, np.n
 
 def kernel_roofline(ctx: RankContext, act: Acts, k: Acts, dev: DeviceSpec | None, fp32_tf32: bool, n_dev: int,
                     att: tuple, blocks: np.ndarray, sms: int | None) -> list[Fact]:  # fmt: skip
+    """The roofline of the longest kernel names (TOP_KERNELS) and its summary."""
     call, flops, nbytes, exact, dtype = att
     live = (call >= 0) & (k.cls != _COMM) & ((flops > 0) | (nbytes > 0))  # helpers of a call inherit nothing
     kernels_time = float(k.dur[k.cls != _COMM].sum())
     if not live.any() or kernels_time <= 0:
         return []
+    g, fill, med_blocks = _kernel_groups(ctx, k, att, live, blocks, sms)
+    rows, cls_time, starved = _classify(g, dev, fp32_tf32, n_dev)
+    facts = _kernel_facts(ctx, k, rows[:TOP_KERNELS], fill, med_blocks, float(act.dur.sum()))
+    facts.append(_summary(ctx, k, g, live, kernels_time, cls_time, starved, dev))
+    return facts
+
+
+def _kernel_groups(ctx: RankContext, k: Acts, att: tuple, live: np.ndarray, blocks: np.ndarray,
+                   sms: int | None) -> tuple[pd.DataFrame, pd.DataFrame | None, pd.Series]:  # fmt: skip
+    """The attributed launches by kernel name, the longest first (time, launches, FLOPs, bytes, class,
+    and the dtype and operator with the most time), their SM fill and median grid."""
+    call, flops, nbytes, exact, dtype = att
     info = ctx.shared["compute_ops"]
     opname = np.asarray(info["op"], dtype=object)
-    total_dev = float(act.dur.sum())
     idx = np.flatnonzero(live)
     df = pd.DataFrame({"name": k.name_id[idx], "dur": k.dur[idx], "flops": flops[idx], "bytes": nbytes[idx],
                        "inexact": (~exact[idx]).astype(int), "cls": k.cls[idx], "dtype": dtype[idx],
@@ -93,21 +105,28 @@ def kernel_roofline(ctx: RankContext, act: Acts, k: Acts, dev: DeviceSpec | None
         w = np.where(np.isfinite(fk), df["dur"].to_numpy(), 0.0)
         fill = pd.DataFrame({"name": df["name"], "fw": np.nan_to_num(fk) * w, "w": w}).groupby("name").sum()
     med_blocks = df[df["blocks"] > 0].groupby("name")["blocks"].median()
+    return g, fill, med_blocks
 
-    def peaks(cls: int, dt: str) -> tuple[str | None, float | None, float | None]:
-        if dev is None:
-            return None, None, None
-        p = dev.matmul_peak(dt, fp32_tf32) if cls in _MATMUL else dev.vector_peak()
-        bw = dev.hbm_bytes_per_s * n_dev
-        return (p[0], p[1] * n_dev, bw) if p else (None, None, bw)
 
+def _peaks(dev: DeviceSpec | None, fp32_tf32: bool, n_dev: int, cls: int,
+           dt: str) -> tuple[str | None, float | None, float | None]:  # fmt: skip
+    if dev is None:
+        return None, None, None
+    p = dev.matmul_peak(dt, fp32_tf32) if cls in _MATMUL else dev.vector_peak()
+    bw = dev.hbm_bytes_per_s * n_dev
+    return (p[0], p[1] * n_dev, bw) if p else (None, None, bw)
+
+
+def _classify(g: pd.DataFrame, dev: DeviceSpec | None, fp32_tf32: bool, n_dev: int) -> tuple[list, dict, tuple]:
+    """Each kernel name's rates and roofline class, the time of each class, and the long kernels
+    starved of bandwidth or compute: (time, bytes, bandwidth peak, compute-starved time, names)."""
     cls_time = {"memory_bound": 0.0, "compute_bound": 0.0, "underutilised": 0.0, "unclassified": 0.0}
     bw_starved = bw_starved_bytes = cmp_starved = 0.0
     bw_peak_any = None
     rows = []
     starved_names: list[tuple[float, int]] = []
     for name_id, r in g.iterrows():
-        pk, pp, bp = peaks(int(r["cls"]), str(r["dtype"]))
+        pk, pp, bp = _peaks(dev, fp32_tf32, n_dev, int(r["cls"]), str(r["dtype"]))
         sec = r["time"] * 1e-6
         p_ach, b_ach = r["flops"] / sec, r["bytes"] / sec
         ai = r["flops"] / r["bytes"] if r["bytes"] > 0 else None
@@ -130,9 +149,13 @@ def kernel_roofline(ctx: RankContext, act: Acts, k: Acts, dev: DeviceSpec | None
                 cmp_starved += float(r["time"])
         cls_time[label or "unclassified"] += float(r["time"])
         rows.append((name_id, r, label, pk, pp, bp, p_ach, b_ach, ai))
+    return rows, cls_time, (bw_starved, bw_starved_bytes, bw_peak_any, cmp_starved, starved_names)
 
+
+def _kernel_facts(ctx: RankContext, k: Acts, rows: list, fill: pd.DataFrame | None, med_blocks: pd.Series,
+                  total_dev: float) -> list[Fact]:  # fmt: skip
     facts: list[Fact] = []
-    for name_id, r, label, pk, pp, bp, p_ach, b_ach, ai in rows[:TOP_KERNELS]:
+    for name_id, r, label, pk, pp, bp, p_ach, b_ach, ai in rows:
         full = str(k.names[name_id])
         sf = None
         if fill is not None and name_id in fill.index and fill.loc[name_id, "w"] > 0:
@@ -157,9 +180,15 @@ def kernel_roofline(ctx: RankContext, act: Acts, k: Acts, dev: DeviceSpec | None
                                                          if r["inexact"] else ""),
             ),
         ))  # fmt: skip
+    return facts
+
+
+def _summary(ctx: RankContext, k: Acts, g: pd.DataFrame, live: np.ndarray, kernels_time: float,
+             cls_time: dict[str, float], starved: tuple, dev: DeviceSpec | None) -> KernelRooflineSummary:  # fmt: skip
+    bw_starved, bw_starved_bytes, bw_peak_any, cmp_starved, starved_names = starved
     classified = sum(v for kk, v in cls_time.items() if kk != "unclassified")
     attributed = float(k.dur[live].sum())
-    facts.append(KernelRooflineSummary(
+    return KernelRooflineSummary(
         rank=ctx.rank, device=dev.name if dev else None, kernels_time_us=kernels_time, attributed_time_us=attributed,
         attributed_time_ratio=ratio(attributed / kernels_time), kernel_names_count=len(g),
         memory_bound_time_us=cls_time["memory_bound"], compute_bound_time_us=cls_time["compute_bound"],
@@ -180,5 +209,4 @@ def kernel_roofline(ctx: RankContext, act: Acts, k: Acts, dev: DeviceSpec | None
             note="classes judged per kernel name on its own FLOPs, bytes and time; events = the longest "
                  "bandwidth-starved kernels",
         ),
-    ))  # fmt: skip
-    return facts
+    )  # fmt: skip

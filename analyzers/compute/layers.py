@@ -27,12 +27,13 @@ VOCAB_MIN = 32768  # a language-model vocabulary (GPT-2 50257, Llama 32000-12825
 
 _COMM = CLS_INDEX["communication"]
 
+
+# --- dense embedding gradients -----------------------------------------------------------------------
 _EMB_DENSE = frozenset({"aten::embedding_dense_backward", "aten::_embedding_bag_dense_backward",
                         "aten::embedding_backward", "aten::_embedding_bag_backward"})  # fmt: skip
 _EMB_SPARSE = frozenset({"aten::embedding_sparse_backward", "aten::_embedding_bag_sparse_backward"})
 
 
-# --- dense embedding gradients -----------------------------------------------------------------------
 def embedding_backward(ctx: RankContext, act: Acts, k: Acts, launcher: np.ndarray | None) -> list[Fact]:
     ops = ctx.trace.cpu_ops
     if launcher is None or not len(ops):

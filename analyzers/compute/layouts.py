@@ -27,7 +27,6 @@ from .kernel_names import short_kernel_name, tensor_core_kind
 
 # --- parameters (docs/analysis/compute.md says where each comes from) -----------------------
 ALIGN_16BIT = 8  # elements per tensor-core load in FP16/BF16 (16 bytes)
-
 ALIGN_32BIT = 4  # in FP32/TF32
 ALIGN_8BIT = 16  # in FP8/INT8
 

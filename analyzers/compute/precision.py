@@ -19,7 +19,11 @@ from .calltree import cat_apply, root_rows
 from .kernel_classes import CLS_INDEX
 from .kernel_names import is_fp32_kernel, is_tf32, short_kernel_name, tensor_core_kind
 
+_COMM = CLS_INDEX["communication"]
+_MATMUL = (CLS_INDEX["gemm"], CLS_INDEX["conv"], CLS_INDEX["attention"])
 
+
+# --- tensor cores ---------------------------------------------------------------------------------
 def tensor_core_removes(dev: DeviceSpec | None) -> tuple[float | None, float | None]:
     """Share of FP32 CUDA-core GEMM time that tensor-core math removes on ``dev`` (low, high): the
     kernels' time scales with the peak rate, the low end assuming the tensor-core kernels realise
@@ -92,14 +96,11 @@ def tensor_cores(ctx: RankContext, k: Acts, dev: DeviceSpec | None = None,
     return [fact], fp32_time > 0 and fp32_tc >= 0.5 * fp32_time
 
 
-_COMM = CLS_INDEX["communication"]
-_MATMUL = (CLS_INDEX["gemm"], CLS_INDEX["conv"], CLS_INDEX["attention"])
-
+# --- FP64 ----------------------------------------------------------------------------------------
 # a template argument (before the parameter list) that is double, or a double-precision GEMM
 _FP64 = re.compile(r"<[^()]*\bdouble\b|dgemm|_d884gemm|_d16816gemm|\bdmma\b|zgemm")
 
 
-# --- FP64 ----------------------------------------------------------------------------------------
 @lru_cache(maxsize=16384)
 def is_fp64_kernel(name: str) -> bool:
     head = name.split(">(", 1)[0] if ">(" in name else name.split("(", 1)[0]
