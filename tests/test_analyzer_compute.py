@@ -11,7 +11,11 @@ import pytest
 
 import hermes_kb
 from hermes_kb.analysis.rank import _guarded
-from hermes_kb.analyzers.compute.compute import compute as C
+from hermes_kb.analyzers.compute import compute as C
+from hermes_kb.analyzers.compute.fusion import TOP_FUSION
+from hermes_kb.analyzers.compute.kernel_classes import classify_kernel
+from hermes_kb.analyzers.compute.kernel_names import is_fp32_kernel, short_kernel_name, tensor_core_kind
+from hermes_kb.analyzers.compute.roofline import TOP_OPS
 from hermes_kb.analyzers.compute.flops import op_cost
 from hermes_kb.analyzers.timeline.steps import step_context
 from conftest import EXAMPLE, X, kineto_traces, write_trace
@@ -95,7 +99,7 @@ class Trace:
     ("void split_embedding_codegen_forward_unweighted_kernel<float, float, float>(x)", "other"),
 ])  # fmt: skip
 def test_kernel_classes(name, cls):
-    assert C.classify_kernel(name) == cls
+    assert classify_kernel(name) == cls
 
 
 @pytest.mark.parametrize("name, kind, fp32", [
@@ -113,15 +117,15 @@ def test_kernel_classes(name, cls):
     ("void cublasLt::splitKreduce_kernel<32, 16, int, float, float, float, float, true>(x)", "aux", True),
 ])  # fmt: skip
 def test_tensor_core_detection(name, kind, fp32):
-    assert C.tensor_core_kind(name) == kind
-    assert C.is_fp32_kernel(name) is fp32
+    assert tensor_core_kind(name) == kind
+    assert is_fp32_kernel(name) is fp32
 
 
 def test_short_names():
-    assert C.short_kernel_name(ADD_K) == "vectorized_elementwise_kernel:add"
-    assert C.short_kernel_name(MUL_K) == "vectorized_elementwise_kernel:Mul"
-    assert C.short_kernel_name("triton_poi_fused_add_cos_sin_0") == "triton_poi:add_cos_sin"
-    assert C.short_kernel_name("void (anonymous namespace)::softmax_warp_forward<float>(float*)") == "softmax_warp_forward"
+    assert short_kernel_name(ADD_K) == "vectorized_elementwise_kernel:add"
+    assert short_kernel_name(MUL_K) == "vectorized_elementwise_kernel:Mul"
+    assert short_kernel_name("triton_poi_fused_add_cos_sin_0") == "triton_poi:add_cos_sin"
+    assert short_kernel_name("void (anonymous namespace)::softmax_warp_forward<float>(float*)") == "softmax_warp_forward"
 
 
 # --- FLOP formulas -------------------------------------------------------------------------------
@@ -399,18 +403,18 @@ def test_runs_on_every_real_trace(path):
     b = hermes_kb.load(path)
     for trace in b:
         ctx, _ = step_context(trace)
-        fs = _guarded("compute", trace.rank, C.per_rank, ctx)
+        fs = _guarded("compute", trace.rank, lambda: C.per_rank(ctx))
         assert not [f for f in fs if isinstance(f, AnalyzerError)], fs
         assert len(fs) <= 30
         for source in ("kernel", "cpu_op"):
             shares = [f.share_of_device_time_ratio for f in fs if f.kind == "kernel_class_share" and f.source == source]
             if shares:
                 assert sum(shares) == pytest.approx(1.0)
-        assert len([f for f in fs if f.kind == "operator_roofline"]) <= C.TOP_OPS
+        assert len([f for f in fs if f.kind == "operator_roofline"]) <= TOP_OPS
         for f in fs:
             assert f.rank == trace.rank
             if f.kind == "fusion_candidates":
-                assert 1 <= len(f.sequences) <= C.TOP_FUSION
+                assert 1 <= len(f.sequences) <= TOP_FUSION
             if f.kind == "operator_roofline":
                 assert f.time_us > 0 and f.flops >= 0 and math.isfinite(f.achieved_flops_per_s)
             if f.kind == "model_flops_utilization" and f.mfu_ratio is not None:

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 import hermes_kb
-from hermes_kb.analyzers.compute.compute import compute as C
+from hermes_kb.analyzers.compute import compute as C
+from hermes_kb.analyzers.compute.kernel_classes import classify_ascend_task
 from hermes_kb.analyzers.timeline.steps import step_context
 from conftest import SHARED
 
@@ -63,7 +64,7 @@ def _compute_facts(root: Path) -> dict:
     ("NonZero", "aclnnNonzeroV2_NonzeroAiCore_NonZero", "AI_VECTOR_CORE", "other"),
 ])  # fmt: skip
 def test_ascend_operator_types_are_classified(op_type, name, task_type, cls):
-    assert C.classify_ascend_task(op_type, name, task_type) == cls
+    assert classify_ascend_task(op_type, name, task_type) == cls
 
 
 def test_fusion_on_a_tiny_ascend_export_by_hand(tmp_path):

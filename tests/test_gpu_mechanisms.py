@@ -22,7 +22,8 @@ from conftest import X, write_trace
 from test_analyzer_cpu import OP, RT, K  # the same hand-made event builders
 
 import hermes_kb
-from hermes_kb.analyzers.compute import compute as C
+from hermes_kb.analyzers.compute.kernel_names import is_fp32_kernel, tensor_core_kind
+from hermes_kb.analyzers.compute.precision import tensor_core_removes
 from hermes_kb.analyzers.host import cpu as A
 from hermes_kb.analyzers.io import io as IO
 from hermes_kb.analyzers.timeline.breakdown import components
@@ -131,18 +132,18 @@ def test_case_c_io_002_fires_on_a_pageable_batch_copy_without_a_dataloader(tmp_p
      "tensor", False),
 ])  # fmt: skip
 def test_kernel_names_of_an_h200_run(name, kind, fp32):
-    assert C.tensor_core_kind(name) == kind and C.is_fp32_kernel(name) is fp32
+    assert tensor_core_kind(name) == kind and is_fp32_kernel(name) is fp32
 
 
 def test_tensor_cores_remove_what_the_device_peaks_say():
     h100 = lookup("NVIDIA H100 80GB HBM3")
-    lo, hi = C.tensor_core_removes(h100)
+    lo, hi = tensor_core_removes(h100)
     # H100 SXM: FP32 67, TF32 494.5, BF16 989.5 TFLOP/s (dense): low 1 - 2 x 67 / 494.5, high 1 - 67 / 989.5
     assert lo == pytest.approx(1 - 2 * 67 / 494.5) and hi == pytest.approx(1 - 67 / 989.5)
     v100 = lookup("Tesla V100-SXM2-16GB")
-    lo, hi = C.tensor_core_removes(v100)  # no TF32 or BF16: FP16 125 vs FP32 15.7
+    lo, hi = tensor_core_removes(v100)  # no TF32 or BF16: FP16 125 vs FP32 15.7
     assert lo == pytest.approx(1 - 2 * 15.7 / 125) and hi == pytest.approx(1 - 15.7 / 125)
-    assert C.tensor_core_removes(None) == (None, None)
+    assert tensor_core_removes(None) == (None, None)
 
 
 # ---------------------------------------------------------------- the profiler's own synchronisation

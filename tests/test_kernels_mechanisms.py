@@ -11,7 +11,10 @@ import pytest
 
 import hermes_kb
 from hermes_kb.analysis.rank import analyze_rank
-from hermes_kb.analyzers.compute.compute import kernels as K
+from hermes_kb.analyzers.compute.fusion import epilogue_kind
+from hermes_kb.analyzers.compute.layers import is_sort_kernel
+from hermes_kb.analyzers.compute.npu_tasks import first_input_dims, npu_all_fp32
+from hermes_kb.analyzers.compute.occupancy import resident_blocks
 from conftest import X, write_trace
 from hermes_kb.facts.steps import AnalyzerError
 
@@ -61,11 +64,11 @@ def test_resident_blocks_by_hand():
     # per-block reservation before sm80); threads 1024 / 64 = 16; cc 7.5 holds at most 16 -> 7
     turing = {"maxThreadsPerMultiprocessor": 1024, "regsPerMultiprocessor": 65536,
               "sharedMemPerMultiprocessor": 65536, "computeMajor": 7, "computeMinor": 5}  # fmt: skip
-    assert K.resident_blocks(64, 126, 8704, turing) == 7
+    assert resident_blocks(64, 126, 8704, turing) == 7
     # H100: 256 threads = 8 warps, 32 registers -> 1024 per warp -> 64 warps = 8 blocks; threads 2048 / 256
     # = 8; shared 233472 // (50000 + 1024) = 4 -> 4
-    assert K.resident_blocks(256, 32, 50000, H100[0]) == 4
-    assert K.resident_blocks(128, 32, 0, {"computeMajor": 9}) == 0  # limits unknown
+    assert resident_blocks(256, 32, 50000, H100[0]) == 4
+    assert resident_blocks(128, 32, 0, {"computeMajor": 9}) == 0  # limits unknown
 
 
 def test_wave_tail(tmp_path):
@@ -160,7 +163,7 @@ def test_no_train_mode_fact_in_a_training_step(tmp_path, backward):
     ("FLOAT16;FLOAT", False), ("INT32;INT64", False), ('"FLOAT;FLOAT"', True),
 ])  # fmt: skip
 def test_npu_all_fp32(dtypes, fp32):
-    assert K.npu_all_fp32(dtypes) is fp32
+    assert npu_all_fp32(dtypes) is fp32
 
 
 def test_npu_fp32_cube(tmp_path):
@@ -199,7 +202,7 @@ SPLITK = "void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, 
      "activation"),
 ])  # fmt: skip
 def test_epilogue_kind(name, kind):
-    assert K.epilogue_kind(name) == kind
+    assert epilogue_kind(name) == kind
 
 
 def test_gemm_epilogue(tmp_path):
@@ -232,7 +235,7 @@ def test_gemm_epilogue(tmp_path):
     ('""', None), ("N/A", None),
 ])  # fmt: skip
 def test_first_input_dims(shapes, dims):
-    assert K.first_input_dims(shapes) == dims
+    assert first_input_dims(shapes) == dims
 
 
 def test_npu_vocab_vector_ops(tmp_path):
@@ -270,7 +273,7 @@ HIST = "void cub::DeviceRadixSortHistogramKernel<cub::DeviceRadixSortPolicy<long
     ("void at::native::sbtopk::gatherTopK<float, unsigned int, 2, false>(x)", True), (ADD_VEC, False), (GEMM, False),  # noqa: E501
 ])  # fmt: skip
 def test_is_sort_kernel(name, sort):
-    assert K.is_sort_kernel(name) is sort
+    assert is_sort_kernel(name) is sort
 
 
 def test_sort_kernels(tmp_path):

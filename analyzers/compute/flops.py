@@ -35,32 +35,12 @@ Formulas (M×K @ K×N costs 2·M·K·N FLOPs: one multiply and one add per term)
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-DTYPES: dict[str, tuple[str, int]] = {
-    "float": ("fp32", 4),
-    "double": ("fp64", 8),
-    "c10::Half": ("fp16", 2),
-    "c10::BFloat16": ("bf16", 2),
-    "c10::Float8_e4m3fn": ("fp8", 1),
-    "c10::Float8_e5m2": ("fp8", 1),
-    "c10::Float8_e4m3fnuz": ("fp8", 1),
-    "c10::Float8_e5m2fnuz": ("fp8", 1),
-    "c10::Float8_e8m0fnu": ("fp8", 1),
-    "long int": ("int64", 8),
-    "int": ("int32", 4),
-    "short int": ("int16", 2),
-    "signed char": ("int8", 1),
-    "unsigned char": ("uint8", 1),
-    "bool": ("bool", 1),
-    "c10::complex<float>": ("complex64", 8),
-    "c10::complex<double>": ("complex128", 16),
-    "c10::complex<c10::Half>": ("complex32", 4),
-}
-FLOAT_RANK = {"fp8": 1, "fp16": 2, "bf16": 2, "fp32": 3, "fp64": 4}
+from hermes_kb.core.dtypes import FLOAT_RANK, input_type
+from hermes_kb.trace.args import decode
 
 
 @dataclass(frozen=True)
@@ -89,15 +69,6 @@ class _Tensor:
         return self.numel * self.size
 
 
-def _loads(text: str):
-    if not text:
-        return None
-    try:
-        return json.loads(text)
-    except (ValueError, TypeError):
-        return None
-
-
 def _tensors(dims, types) -> list[_Tensor | None]:
     """One entry per argument: a tensor (shape, dtype) or None (scalar, list, None argument)."""
     out: list[_Tensor | None] = []
@@ -106,7 +77,7 @@ def _tensors(dims, types) -> list[_Tensor | None]:
     types = types if isinstance(types, list) else []
     for i, d in enumerate(dims):
         t = types[i] if i < len(types) else ""
-        dt = DTYPES.get(t) if isinstance(t, str) else None
+        dt = input_type(t) if isinstance(t, str) else None
         if dt is None or not isinstance(d, list) or not all(isinstance(x, int) for x in d):
             out.append(None)
         else:
@@ -252,7 +223,7 @@ def _conv_params(concrete, nsp: int, first: int) -> tuple[list[int], list[int], 
         return None
     vals = []
     for raw in concrete[first : first + 3]:
-        v = _loads(raw) if isinstance(raw, str) else raw
+        v = decode(raw) if isinstance(raw, str) else raw
         if isinstance(v, int):
             v = [v] * nsp
         if not isinstance(v, list) or not v or not all(isinstance(x, int) for x in v):
@@ -444,12 +415,12 @@ def op_cost(name: str, dims_text: str, types_text: str, concrete_text: str = "")
     """FLOPs and bytes of one operator call from its recorded shapes (None when not countable)."""
     if not is_recognised(name):
         return None
-    ts = _tensors(_loads(dims_text), _loads(types_text))
+    ts = _tensors(decode(dims_text), decode(types_text))
     if not ts:
         return None
     try:
         if name in CONV_OPS:
-            return _conv(ts, _loads(concrete_text) if concrete_text else None, name)
+            return _conv(ts, decode(concrete_text) if concrete_text else None, name)
         return OPS[name](ts)  # type: ignore[operator]
     except (TypeError, ValueError, IndexError, ZeroDivisionError):
         return None
@@ -458,10 +429,10 @@ def op_cost(name: str, dims_text: str, types_text: str, concrete_text: str = "")
 def shape_signature(dims_text: str, types_text: str = "", limit: int = 120) -> str:
     """Compact text of the tensor arguments' shapes: '[16,559,1024]x[1024,1024]x[1024]'
     (0-d tensors as '[]', tensor lists as 'list[n]'; scalars and None arguments left out)."""
-    dims = _loads(dims_text)
+    dims = decode(dims_text)
     if not isinstance(dims, list):
         return ""
-    types = _loads(types_text) if types_text else None
+    types = decode(types_text) if types_text else None
     types = types if isinstance(types, list) else []
     parts = []
     for i, d in enumerate(dims):
@@ -470,7 +441,7 @@ def shape_signature(dims_text: str, types_text: str = "", limit: int = 120) -> s
             parts.append("[" + ",".join(str(x) for x in d) + "]")
         elif isinstance(d, list) and d and all(isinstance(x, list) for x in d):
             parts.append(f"list[{len(d)}]")
-        elif d == [] and isinstance(t, str) and t in DTYPES:
+        elif d == [] and isinstance(t, str) and input_type(t) is not None:
             parts.append("[]")
     s = "x".join(parts)
     return s if len(s) <= limit else s[: limit - 3] + "..."

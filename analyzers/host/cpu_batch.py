@@ -17,7 +17,7 @@ import pandas as pd
 
 from hermes_kb.core.cpus import fp32_fma_peak_per_core
 from hermes_kb.facts.base import Evidence, Fact
-from hermes_kb.facts.compute import CpuThinMatmuls
+from hermes_kb.facts.compute.roofline import CpuThinMatmuls
 
 from ..context import RankContext
 from .dispatch import ops_in_optimizer, optimizer_calls

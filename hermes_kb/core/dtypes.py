@@ -55,4 +55,22 @@ def short_name(name: str) -> str | None:
     return got[0] if got is not None else None
 
 
-__all__ = ["FLOAT_RANK", "element_bytes", "lookup", "normalize", "short_name"]
+# The spellings Kineto's ``Input type`` records for tensor arguments (c10's C++ type names), matched
+# as written: its capitalised "Int", "Double" and "Bool" tag scalar arguments, not tensors (2021
+# traces), which the case-blind ``lookup`` would take for int32 / fp64 / bool tensors. "long"
+# (clang's spelling of int64, in some 2022 traces) is not listed: the operator costs have never
+# counted such tensors, and listing it changes those traces' reports.
+_INPUT_TYPES = frozenset({
+    "float", "double", "c10::Half", "c10::BFloat16", "c10::Float8_e4m3fn", "c10::Float8_e5m2",
+    "c10::Float8_e4m3fnuz", "c10::Float8_e5m2fnuz", "c10::Float8_e8m0fnu", "long int", "int", "short int",
+    "signed char", "unsigned char", "bool", "c10::complex<float>", "c10::complex<double>", "c10::complex<c10::Half>",
+})  # fmt: skip
+
+
+def input_type(name: str) -> tuple[str, int] | None:
+    """(short name, bytes per element) of a tensor argument's Kineto ``Input type`` entry, None for
+    a scalar argument's tag or an unknown name (tested as a set member: an unhashable entry raises)."""
+    return lookup(name) if name in _INPUT_TYPES else None
+
+
+__all__ = ["FLOAT_RANK", "element_bytes", "input_type", "lookup", "normalize", "short_name"]
