@@ -83,6 +83,8 @@ def embedding_backward(ctx: RankContext, act: Acts, k: Acts, launcher: np.ndarra
                           counts={"dense_calls": int(outer.sum())},
                           note="kernels launched under embedding_dense_backward / _embedding_bag_dense_backward"),
     )]  # fmt: skip
+
+
 _LOSS_OPS = frozenset({"aten::cross_entropy_loss", "aten::log_softmax", "aten::_log_softmax",
                        "aten::_log_softmax_backward_data", "aten::nll_loss", "aten::nll_loss_nd",
                        "aten::nll_loss_forward", "aten::nll_loss_backward", "aten::nll_loss2d_forward",

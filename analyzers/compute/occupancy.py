@@ -43,6 +43,8 @@ def launch_blocks(ctx: RankContext, k: Acts) -> np.ndarray:
     g = [kf[c].to_numpy()[k.row].astype(np.int64) for c in ("grid_x", "grid_y", "grid_z")]
     ok = (g[0] > 0) & (g[1] > 0) & (g[2] > 0)
     return np.where(ok, g[0] * g[1] * g[2], -1)
+
+
 def _covered(starts: np.ndarray, ends: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Length of [x, y] covered by the union of [starts, ends] (vectorised over x, y)."""
     if not len(starts) or not len(x):

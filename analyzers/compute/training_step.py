@@ -71,6 +71,8 @@ def optimizer_device(ctx: RankContext, act: Acts, k: Acts) -> list[Fact]:
                  "names (fused: Fused*/apex adamMode; foreach: multi_tensor_apply; else one kernel per tensor)",
         ),
     )]  # fmt: skip
+
+
 _CHECKPOINT_FRAME = re.compile(re.escape("torch/utils/checkpoint.py"))
 
 # module-level forward operators that backward formulas never call (they call the underlying

@@ -99,7 +99,6 @@ def _host_device_busy(ctx: RankContext, host: iv.Intervals, device: iv.Intervals
     return facts
 
 
-
 # ---------------------------------------------------------------- entry point
 
 

@@ -17,18 +17,23 @@ class _Obj(dict):
     def __getattr__(self, name: str) -> Any:
         return self.get(name)
 
+
 def _ms(v: Any) -> str:
     return f"{float(v) / 1e3:,.1f} ms" if isinstance(v, (int, float)) else "?"
+
 
 def _pct(v: Any) -> str:
     return f"{float(v):.0%}" if isinstance(v, (int, float)) else "?"
 
+
 def _mb(v: Any) -> str:
     return f"{float(v) / 1e6:,.1f} MB" if isinstance(v, (int, float)) else "?"
+
 
 # jinja2's sandbox that also bounds repetition, padding and output size (kb/templates.py, issue 18)
 _ENV = BoundedSandbox(undefined=jinja2.ChainableUndefined, autoescape=False)
 _ENV.filters.update(ms=_ms, pct=_pct, mb=_mb, us=lambda v: f"{float(v):,.1f} µs" if isinstance(v, (int, float)) else "?")
+
 
 def explain(case: Case, m: Match, originals: dict | None = None) -> str:
     def fields(flat: dict) -> _Obj:

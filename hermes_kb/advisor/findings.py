@@ -31,14 +31,17 @@ MIN_REPORTED_SPEEDUP = 1.02
 
 MEDIUM_SHARE = 0.03
 
+
 def severity_of(share: float) -> str:
     return "high" if share >= HIGH_SHARE else "medium" if share >= MEDIUM_SHARE else "low"
+
 
 def _how_to(case_opt, platform: str) -> str:
     h = case_opt.how_to
     if platform == "npu":
         return h.npu or h.any or h.gpu or ""
     return (h.gpu if platform == "gpu" else None) or h.any or h.gpu or h.npu or ""
+
 
 def evidence_of(m: Match, inf: Inference) -> list[EvidenceItem]:
     out = []
@@ -58,10 +61,12 @@ def evidence_of(m: Match, inf: Inference) -> list[EvidenceItem]:
         )
     return out
 
+
 def findings_from(inf: Inference, kb: KnowledgeBase, platform: str) -> list[Finding]:
     """Ranked findings; those claiming the same critical-path time as a better one nested in it."""
     findings, _ = findings_and_plans(inf, kb, platform)
     return merge_findings(findings, whatif_index(inf, kb))
+
 
 def considered(inf: Inference, cases: dict[str, Case], platform: str) -> dict[str, list[Match]]:
     """The case matches the advisor turns into findings: per case, those for this platform."""
@@ -73,6 +78,7 @@ def considered(inf: Inference, cases: dict[str, Case], platform: str) -> dict[st
         by_case[m.item_id].append(m)
     return by_case
 
+
 def whatif_targets(inf: Inference, kb: KnowledgeBase, platform: str) -> set[tuple[Any, str]]:
     """(rank, what-if set) of every considered match whose gain replays a set (what
     whatif_on_demand.replay_needed replays); a job-wide match (no rank) names none, as match_gain
@@ -81,6 +87,7 @@ def whatif_targets(inf: Inference, kb: KnowledgeBase, platform: str) -> set[tupl
     return {(gain_rank(cases[cid], m), cases[cid].gain.whatif.target)
             for cid, ms in considered(inf, cases, platform).items() if cases[cid].gain.whatif is not None
             for m in ms}  # fmt: skip
+
 
 def findings_and_plans(inf: Inference, kb: KnowledgeBase, platform: str) -> tuple[list[Finding], dict[str, list[MatchGain]]]:
     """One finding per case, and per case the gains of its matches (for the combined replay)."""
@@ -156,6 +163,7 @@ def findings_and_plans(inf: Inference, kb: KnowledgeBase, platform: str) -> tupl
             )
         )
     return findings, plans
+
 
 def component_of(case: Case) -> str | None:
     """The breakdown component (compute / communication / host / data / idle) the finding sits in."""

@@ -21,12 +21,14 @@ def step_windows(facts: list[dict[str, Any]]) -> dict[int | None, tuple[float, i
             out[f.get("rank")].append(float(f["duration_us"]))
     return {r: (sum(v), len(v)) for r, v in out.items()}
 
+
 def steps_spanned(t: float, rank: int | None, windows: dict[int | None, tuple[float, int]]) -> int:
     """How many steps a gain's step time T covers: rank-level facts and the replay measure the
     whole analysed window (the sum of n steps), per-step and monitor facts one step. Findings are
     reported per step, so amounts over the window are divided by n."""
     total, n = windows.get(rank, (0.0, 0))
     return n if n > 1 and abs(t - total) <= 0.02 * total else 1
+
 
 def mean_steps(windows: dict[int | None, tuple[float, int]]) -> dict[int | None, float]:
     """Mean step time per rank, and over all ranks' steps (key None)."""
@@ -36,10 +38,12 @@ def mean_steps(windows: dict[int | None, tuple[float, int]]) -> dict[int | None,
         out[None] = sum(total for total, _ in windows.values()) / n_all
     return out
 
+
 def value_of(m: Match, ref) -> float | None:
     """The number a case's field reference points at in one match (None when absent or not a number)."""
     v = m.bindings.get(ref.binding, {}).get(ref.field) if ref is not None else None
     return float(v) if isinstance(v, (int, float)) else None
+
 
 # which breakdown components a case's category can shorten: without a replay, its removable time
 # is bounded by their share of the step (exposed time: removing work the device waits on cannot
@@ -51,6 +55,7 @@ CATEGORY_COMPONENTS = {
     "computation": ("compute",),
     "communication": ("communication",),
 }
+
 
 @dataclass
 class MatchGain:
@@ -68,8 +73,10 @@ class MatchGain:
     def per_step(self, us: float) -> float:
         return us / self.per
 
+
 def breakdowns(facts: list[dict[str, Any]]) -> dict[int | None, dict[str, Any]]:
     return {f.get("rank"): f for f in facts if f.get("kind") == "step_breakdown" and f.get("step") is None}
+
 
 def component_cap(case: Case, bd: dict[str, Any] | None, t: float) -> tuple[float | None, str]:
     """At most the share of the step the case's breakdown components hold."""
@@ -80,6 +87,7 @@ def component_cap(case: Case, bd: dict[str, Any] | None, t: float) -> tuple[floa
         comps = (*comps, "compute")
     share = sum(float(bd.get(f"{c}_ratio") or 0.0) for c in comps)
     return share * t, "+".join(comps)
+
 
 def match_gain(case: Case, m: Match, step_means: dict, whatif: dict, bds: dict,
           windows: dict[int | None, tuple[float, int]]) -> MatchGain | None:
@@ -163,6 +171,7 @@ def match_gain(case: Case, m: Match, step_means: dict, whatif: dict, bds: dict,
     if w is not None and "Replayed" in note:
         out.target, out.phi, out.extra = g.whatif.target, (phi_lo, phi_hi), (extra_lo, extra_hi)
     return out
+
 
 def gain_rank(case: Case, m: Match) -> Any:
     """The rank a match's gain is computed on: that of the binding whose time the fix removes."""

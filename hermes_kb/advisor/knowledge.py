@@ -12,10 +12,12 @@ from ..kb.loader import KnowledgeBase, load_kb, load_overrides
 
 _KB_LOCK = threading.Lock()
 
+
 @lru_cache(maxsize=8)
 def _kb_cached(config: str | None) -> KnowledgeBase:
     overrides = load_overrides(Path(config)) if config else None
     return load_kb(overrides=overrides)
+
 
 def knowledge_base(config: str | os.PathLike | None = None) -> KnowledgeBase:
     with _KB_LOCK:

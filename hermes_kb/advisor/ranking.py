@@ -9,7 +9,9 @@ from .report import SEVERITY_ORDER, Finding
 def _evidence_key(f: Finding) -> tuple:
     return tuple(sorted((e.fact, e.scope) for e in f.evidence if e.fact != "bottleneck"))
 
+
 NEST_SHARE = 0.5  # a finding whose critical-path time is at least this much another's claims the same time
+
 
 def _rank_key(f: Finding) -> tuple:
     """By severity (a case that names what bounds the step rather than a defect caps its own with
@@ -18,6 +20,7 @@ def _rank_key(f: Finding) -> tuple:
     removable = f.removable_us.low + f.removable_us.high if f.removable_us is not None else 0.0
     return (-SEVERITY_ORDER[f.severity], -(f.expected_speedup.low + f.expected_speedup.high), -removable,
             -f.confidence, f.case_id)  # fmt: skip
+
 
 def _shared_time(a: Finding, b: Finding, whatif: dict) -> float:
     """Share of b's critical-path time that a's events also hold (max over their common ranks)."""
@@ -36,6 +39,7 @@ def _shared_time(a: Finding, b: Finding, whatif: dict) -> float:
             shared = float((wa or {}).get("critical_overlaps_us", {}).get(b.whatif_target, 0.0)) if wa else 0.0
         best = max(best, min(1.0, shared / crit))
     return best
+
 
 def merge_findings(findings: list[Finding], whatif: dict | None = None) -> list[Finding]:
     """Rank by expected gain, then confidence. A finding resting on exactly the same evidence as a

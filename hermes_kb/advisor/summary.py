@@ -23,6 +23,7 @@ def breakdown_summary(f: StepBreakdown | None) -> dict[str, Any]:
         "device_kind": f.device,
     }
 
+
 def rank_summaries(bundle: TraceBundle, facts: list[Fact]) -> list[RankSummary]:
     steps_of: dict[int | None, list[StepSummary]] = defaultdict(list)
     breakdown_of: dict[int | None, Fact] = {}

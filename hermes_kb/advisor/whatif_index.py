@@ -31,6 +31,7 @@ class _Overlaps(Mapping):
     def __len__(self) -> int:
         return len(self._get())
 
+
 def whatif_index(inf: Inference, kb: KnowledgeBase | None = None) -> Mapping[tuple, dict[str, Any]]:
     """(rank, target) -> whatif fact; (rank, "*linked") -> one of the rank's facts when its graph
     is replayable (launch links, or no device). The engine's facts are flat (scalars only), so the
@@ -38,6 +39,7 @@ def whatif_index(inf: Inference, kb: KnowledgeBase | None = None) -> Mapping[tup
     if inf.spilled is not None:
         return _SpilledWhatif(inf, kb)
     return _index_whatif(inf.facts, inf.originals)
+
 
 def _index_whatif(facts: list[dict[str, Any]], originals: Mapping) -> dict[tuple, dict[str, Any]]:
     out: dict[tuple, dict[str, Any]] = {}
@@ -48,6 +50,7 @@ def _index_whatif(facts: list[dict[str, Any]], originals: Mapping) -> dict[tuple
             if f.get("linked", True):
                 out[(f.get("rank"), "*linked")] = f
     return out
+
 
 class _SpilledWhatif(Mapping):
     """``whatif_index`` of a streamed job, a rank's entries read from the store when first

@@ -27,6 +27,7 @@ class Match:
     def key(self) -> tuple:
         return (self.item_id, tuple(sorted((k, v["_id"]) for k, v in self.bindings.items())))
 
+
 @dataclass
 class Inference:
     facts: list[dict[str, Any]]  # flat facts as the engines saw them (incl. derived bottlenecks)
@@ -48,6 +49,7 @@ class Inference:
                 mine.setdefault(f["_id"], f)
         return [mine[i] for i in sorted(mine)]
 
+
 def prepare(facts: Iterable[Fact | Mapping[str, Any]], originals: dict | None = None) -> list[dict[str, Any]]:
     """Flatten, de-duplicate (identical facts once), number them with ``_id``."""
     seen: set = set()
@@ -64,11 +66,13 @@ def prepare(facts: Iterable[Fact | Mapping[str, Any]], originals: dict | None = 
         out.append(flat)
     return out
 
+
 def facts_by_kind(facts: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for f in facts:
         out[f.get("kind", "")].append(f)
     return out
+
 
 def python_matches(items: list, facts: list[dict[str, Any]], kb: KnowledgeBase, attr: str) -> list[Match]:
     by_kind = facts_by_kind(facts)
@@ -80,6 +84,7 @@ def python_matches(items: list, facts: list[dict[str, Any]], kb: KnowledgeBase, 
         for bound in match_all(patterns, by_kind, params):
             out.append(Match(item.id, {k: dict(v) for k, v in bound.items()}))
     return sorted(out, key=Match.key)
+
 
 def derive_bottlenecks(kb: KnowledgeBase, matches: list[Match], start_id: int,
                        originals: dict | None = None) -> list[dict[str, Any]]:  # fmt: skip

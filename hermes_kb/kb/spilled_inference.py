@@ -60,6 +60,7 @@ def infer_spilled(kb: KnowledgeBase, store: Any, run: Callable, engine: str) -> 
                 | _kinds(local_cases, "conditions", absent_off_rank_only=True))  # fmt: skip
     spread_kinds = _kinds(spread_rules, "when") | _kinds(spread_cases, "conditions")
     kept = store.flats_of(spread_kinds | off_rank | ADVISOR_KINDS)
+
     def on_groups(items: list, attr: str, derived: list[dict[str, Any]]) -> list:
         found: list = []
         if not items:
