@@ -163,15 +163,21 @@ def test_capture_on_request_without_restart(tmp_path):
     assert len(caps) == 1 and caps[0]["trace"] == str(trace) and caps[0]["step"] == 5
 
 
-def test_auto_capture_planned_on_recurring_slow_steps_within_budget(tmp_path):
+def test_auto_capture_planned_on_recurring_slow_steps_within_budget(tmp_path, monkeypatch):
     # a fixed 10-step warm-up, then 60 ms spikes at steps 20, 40, 60 and 80 among 10 ms steps: the third
     # (step 60) shows the period, and the capture covers steps 79-81, around the next one (issue 22: a
-    # capture right after a slow step never holds one)
+    # capture right after a slow step never holds one). The recorder's clock is stepped by the test,
+    # so that a loaded machine stretching real sleeps cannot add spikes of its own.
+    from hermes_kb.monitor import recorder
+    from test_monitor_triggers import _SteppedClock
+
+    clock = _SteppedClock()
+    monkeypatch.setattr(recorder, "time", clock)
     calls: list[str] = []
     with Monitor(tmp_path, rank=0, warmup=10, captures_per_hour=1, poll_s=5,
                  profiler_factory=lambda: FakeProfiler(calls)) as mon:  # fmt: skip
         for i in range(90):
-            time.sleep(0.06 if i in (20, 40, 60, 80) else 0.01)
+            clock.t += 0.06 if i in (20, 40, 60, 80) else 0.01
             mon.step()
     lines = [json.loads(x) for x in (tmp_path / "rank0.jsonl").read_text().splitlines()]
     steps = [x for x in lines if x["type"] == "step"]

@@ -54,6 +54,9 @@ def decode_args(events: list[ks.Event], typ: type, path: str, what: str) -> list
         raise BadTraceError(f"args of a {what} event nested too deeply", path) from None
     except UnicodeDecodeError:
         raise BadTraceError(f"invalid UTF-8 text in the args of a {what} event", path) from None
+    except msgspec.DecodeError as exc:  # msgspec 0.23 reports invalid UTF-8 so
+        what_ = "invalid UTF-8 text" if "utf-8" in str(exc).lower() else f"invalid JSON ({exc})"
+        raise BadTraceError(f"{what_} in the args of a {what} event", path) from None
 
 
 def times(events: list[ks.Event], path: str, what: str) -> tuple[np.ndarray, np.ndarray]:

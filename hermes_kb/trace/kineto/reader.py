@@ -107,7 +107,13 @@ def _gunzip(data: bytes, path: str, limit: int | None = None) -> bytes:
 
 
 def _decode_error(exc: Exception, path: str, where: str = "") -> BadTraceError:
-    """Decoder failures that are not a JSON syntax error, as one line."""
+    """Decoder failures as one line: invalid UTF-8 (a UnicodeDecodeError, or msgspec's DecodeError
+    saying so from 0.23 on), nesting too deep, else invalid JSON."""
+    if isinstance(exc, msgspec.DecodeError):
+        msg = str(exc)
+        if "utf-8" in msg.lower():
+            return BadTraceError(f"invalid UTF-8 text{where}", path)
+        return BadTraceError(f"invalid JSON{where}: {msg}", path)
     if isinstance(exc, RecursionError):
         return BadTraceError(f"JSON nested too deeply{where} (more levels than any profiler writes)", path)
     if isinstance(exc, UnicodeDecodeError):
@@ -126,17 +132,13 @@ def decode_head(raw: bytes, path: str) -> ks.KinetoFile:
         if msg.startswith("Expected `object`, got `array`"):  # Chrome's array form: a bare event list
             try:
                 doc = ks.KinetoFile(traceEvents=msgspec.json.decode(raw, type=list[msgspec.Raw]))
-            except msgspec.DecodeError as exc2:
-                raise BadTraceError(f"invalid JSON: {exc2}", path) from None
-            except (RecursionError, UnicodeDecodeError) as exc2:
+            except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as exc2:
                 raise _decode_error(exc2, path) from None
         elif "traceEvents" in msg or msg.startswith("Expected `object`"):
             raise BadTraceError("JSON is not a profiler trace (no 'traceEvents' list of events)", path) from None
         else:
             raise BadTraceError(f"ill-typed trace metadata: {msg}", path) from None
-    except msgspec.DecodeError as exc:
-        raise BadTraceError(f"invalid JSON: {exc}", path) from None
-    except (RecursionError, UnicodeDecodeError) as exc:
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as exc:
         raise _decode_error(exc, path) from None
     if len(doc.traceEvents) > cap:
         raise BadTraceError(f"holds {len(doc.traceEvents):,} events, more than the limit of {cap:,} "
@@ -155,7 +157,7 @@ def _decode_chunk(raws: list[msgspec.Raw], start: int, path: str) -> list[ks.Eve
         idx, _, field = where.rstrip("`").partition("]")
         at = f"event #{start + int(idx)}{field.replace('.', ' field ', 1)}" if idx.isdigit() else "an event"
         raise BadTraceError(f"ill-typed {at}: {msg}", path) from None
-    except (RecursionError, UnicodeDecodeError) as exc:
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as exc:
         raise _decode_error(exc, path, f" in events #{start}-#{start + len(raws) - 1}") from None
 
 
