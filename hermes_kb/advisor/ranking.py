@@ -41,7 +41,25 @@ def _shared_time(a: Finding, b: Finding, whatif: dict) -> float:
     return best
 
 
-def merge_findings(findings: list[Finding], whatif: dict | None = None) -> list[Finding]:
+def _lead_specific(kept: list[Finding], generic: set[str], whatif: dict) -> list[Finding]:
+    """A generic finding (it names where the time goes, not the mechanism) that claims the same
+    time as a specific one is listed under it, the specific one taking its place."""
+    for g in [k for k in kept if k.case_id in generic]:
+        s = next((k for k in kept if k.case_id not in generic
+                  and max(_shared_time(k, g, whatif), _shared_time(g, k, whatif)) >= NEST_SHARE), None)  # fmt: skip
+        if s is None:
+            continue
+        at = kept.index(g)
+        kept.remove(g)
+        if kept.index(s) > at:
+            kept.remove(s)
+            kept.insert(at, s)
+        s.alternatives.append(g)
+        s.related.append(g.case_id)
+    return kept
+
+
+def merge_findings(findings: list[Finding], whatif: dict | None = None, generic: set[str] | None = None) -> list[Finding]:
     """Rank by expected gain, then confidence. A finding resting on exactly the same evidence as a
     better one is folded into it (listed under ``related``); one whose replayed events lie mostly
     on the same critical-path time as a better one's (``NEST_SHARE``) is nested in it
@@ -55,12 +73,21 @@ def merge_findings(findings: list[Finding], whatif: dict | None = None) -> list[
             by_key[key].related.append(f.case_id)
             continue
         parent = next((k for k in kept if whatif and _shared_time(k, f, whatif) >= NEST_SHARE), None)
+        if parent is not None and generic and parent.case_id in generic and f.case_id not in generic:
+            # the mechanism leads, the generic finding (where the time goes) is listed under it
+            kept[kept.index(parent)] = f
+            by_key[key] = f
+            f.alternatives.append(parent)
+            f.related.append(parent.case_id)
+            continue
         if parent is not None:
             parent.alternatives.append(f)
             parent.related.append(f.case_id)
             continue
         by_key[key] = f
         kept.append(f)
+    if generic and whatif:
+        kept = _lead_specific(kept, generic, whatif)
     return kept
 
 

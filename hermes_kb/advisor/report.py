@@ -163,6 +163,17 @@ class RankSummary(BaseModel):
     )
     critical_ratio: float | None = Field(default=None, description="its share of the step")
     device_kind: str | None = Field(default=None, description="gpu, npu or cpu (what computes)")
+    phases_us: dict[str, float] = Field(
+        default_factory=dict,
+        description="mean per step on the training thread, by program phase: data_us, forward_us, backward_us, "
+        "optimizer_us, communication_us (collectives the program issues), user_code_us (the user's code outside "
+        "those), other_us (nothing traced); they add up to the mean step (docs/analysis/program.md)",
+    )
+    phases_sources: list[str] = Field(default_factory=list, description="the evidence the phases rest on")
+    program_site: str | None = Field(default=None, description="the user function holding the most time besides "
+                                     "training (file(line): name), when the capture has Python stacks")
+    program_site_us: float | None = Field(default=None, description="its time per step")
+    program_site_ratio: float | None = Field(default=None, description="its share of the step")
     series: list[StepPoint] = Field(
         default_factory=list, description="step times in order with their spikes (filled by the CLI for --format "
         "html and json; a monitor log's whole run, at most 2,000 points: the longest step of each bucket)")

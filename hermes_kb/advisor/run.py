@@ -26,7 +26,7 @@ from .findings import whatif_targets
 from .knowledge import knowledge_base
 from .on_demand import replay_needed
 from .report import Inputs, KbInfo, RankSummary, Report, SampleInfo
-from .summary import rank_summaries
+from .summary import phases_summary, rank_summaries
 
 Stage = Callable[[str], None]
 
@@ -92,7 +92,7 @@ def _of_bundle(bundle: TraceBundle, facts: Sequence[Fact], replay: Mapping[Any, 
         replay=replay,
         platform=platform_of(bundle),
         inputs=Inputs(sources=bundle.sources, ranks=bundle.rank_ids, skipped=[p.path for p in bundle.problems]),
-        summary=rank_summaries(bundle, of_kinds(facts, ("step_time", "step_breakdown"))),
+        summary=rank_summaries(bundle, of_kinds(facts, ("step_time", "step_breakdown", "program_phases"))),
         warnings=warnings,
         bundle=bundle,
     )
@@ -130,12 +130,15 @@ def advise_run_dir_full(run_dir: str | os.PathLike, *, config=None, engine: Engi
     stage(f"reading the monitor logs and captures of {Path(run_dir).name}")
     ra = analyze_run_dir(run_dir)
     skipped = [p.path for p in ra.bundle.problems] if ra.bundle is not None else []
+    # the program phases of a rank's captured steps (the monitor's log has no phases)
+    captured_phases = {f.rank: f for f in ra.facts if f.kind == "program_phases" and f.step is None}
     analysed = Analysed(
         facts=ra.facts,
         replay=ra.replay,
         platform=run_platform(ra),
         inputs=Inputs(sources=ra.run.sources, ranks=sorted(ra.run.ranks), skipped=skipped),
-        summary=[RankSummary(steps=[], **s) for s in run_summary(ra)],
+        summary=[RankSummary(steps=[], **s, **phases_summary(captured_phases.get(s["rank"]), s.get("mean_step_us")))
+                 for s in run_summary(ra)],  # fmt: skip
         warnings=ra.warnings,
         bundle=ra.bundle,
         run=ra.run,

@@ -62,6 +62,8 @@ PER_RANK: tuple[Analyzer, ...] = (
     _a("fluctuation", "timeline.fluctuation"),
     _a("npu", "npu.npu"),
     _a("breakdown", "timeline.breakdown", reads="graph main_tid"),
+    # the step by program phase, and the user's functions outside the phases
+    _a("program", "program.phases", gives="whatif_sets"),
     # replays the graph with each registered set shortened
     _a("whatif", "whatif.replay", reads="graph main_tid whatif_sets whatif_defer",
        gives="whatif_model whatif_host_scale whatif_chain whatif_amounts whatif_drops whatif_critical"),

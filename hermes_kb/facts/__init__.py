@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from . import bottleneck, breakdown, buckets, comm, cpu, critical_path, fluctuation, io, monitor, npu, overlap, parallel, steps, whatif  # noqa: F401  (registers kinds)
+from . import bottleneck, breakdown, buckets, comm, cpu, critical_path, fluctuation, io, monitor, npu, overlap, parallel, program, steps, whatif  # noqa: F401  (registers kinds)
 from .compute import attention, classes, fusion, layers, layouts, occupancy, precision, roofline, training_step  # noqa: F401  (registers kinds)
 from .base import Evidence, Fact
 

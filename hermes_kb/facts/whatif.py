@@ -16,6 +16,8 @@ TARGETS = frozenset({
     "dataloader", "host_gaps", "host_gaps_large", "python_io", "python_preprocess", "tiny_ops", "optimizer", "gc", "compile", "autotune", "syncs",
     "implicit_syncs", "explicit_syncs", "launch_calls", "host_work", "communication", "device_compute", "fp32_gemm",
     "fp32_conv", "fusable", "python_pauses", "h2d_pageable", "host_step",
+    # the user's program (analyzers/program/functions.py)
+    "user_function", "user_loop",
     # cpu (analyzers/host/pyframes.py, compilation.py, dispatch.py, parallel_wrappers.py, runtime_calls.py)
     "anomaly", "tensor_format", "module_hooks", "construction", "gc_collect", "compile_wrappers", "zero_grad",
     "ddp_buffer_sync", "data_parallel", "sync_batchnorm", "device_alloc", "graph_capture", "state_copy",

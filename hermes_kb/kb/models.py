@@ -174,6 +174,11 @@ class Case(BaseModel):
         default=None,
         description="cap for cases that name what bounds the step (an umbrella symptom) rather than a defect",
     )
+    generic: bool = Field(
+        default=False,
+        description="the case names where the time goes (a program phase, a user function) rather than a "
+        "mechanism: where a specific case explains the same time, that one leads and this one is listed under it",
+    )
     explanation: str = Field(description="jinja2 template over the bindings, e.g. {{ d.wait_us | ms }}")
     not_recorded: str | None = Field(
         default=None,

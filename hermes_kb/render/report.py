@@ -144,6 +144,37 @@ def breakdown_rows(report: Report, max_rows: int | None = MAX_RANK_ROWS) -> list
     return rows
 
 
+PHASES = ("data", "forward", "backward", "optimizer", "communication", "user_code", "other")
+PHASE_WORDS = {"data": "waiting for data", "forward": "forward", "backward": "backward", "optimizer": "the optimizer",
+               "communication": "collectives the program issues", "user_code": "the user's code outside those",
+               "other": "nothing traced"}  # fmt: skip
+PHASE_NAMES = {"data": "data", "forward": "forward", "backward": "backward", "optimizer": "optimizer",
+               "communication": "collectives", "user_code": "your code", "other": "untraced"}  # fmt: skip
+
+
+def phase_rows(report: Report, max_rows: int | None = MAX_RANK_ROWS) -> list[dict]:
+    """Per rank: the program phases' mean ms and shares, the largest, the user function named
+    (the same ranks as ``breakdown_rows``: the slowest, then the fastest)."""
+    rows = []
+    for s in report.summary:
+        p = s.phases_us or {}
+        total = sum(float(v) for v in p.values()) / 1e3
+        if not p or total <= 0:
+            continue
+        ms = {k: float(p.get(f"{k}_us", 0.0)) / 1e3 for k in PHASES}
+        largest = max(PHASES, key=lambda k: ms[k])
+        rows.append({"rank": s.rank, "device": s.device, "kind": s.device_kind, "mean_ms": total, "ms": ms,
+                     "share": {k: ms[k] / total for k in ms}, "critical": largest, "critical_ratio": ms[largest] / total,
+                     "site": s.program_site, "site_ms": (s.program_site_us or 0.0) / 1e3,
+                     "site_share": s.program_site_ratio or 0.0, "sources": s.phases_sources,
+                     "steps": s.steps_count if s.steps_count is not None else len(s.steps)})  # fmt: skip
+    if max_rows is not None and len(rows) > max_rows:
+        rows.sort(key=lambda r: -r["mean_ms"])
+        rows = rows[: max_rows // 2] + rows[-max_rows // 2 :]
+        rows.sort(key=lambda r: r["rank"])
+    return rows
+
+
 def shown_findings(report: Report) -> tuple[list, int]:
     shown = [f for f in report.findings if f.expected_speedup.high >= MIN_SPEEDUP or f.profile_only]
     return shown, len(report.findings) - len(shown)
@@ -151,7 +182,8 @@ def shown_findings(report: Report) -> tuple[list, int]:
 
 def _context(report: Report) -> dict:
     shown, hidden = shown_findings(report)
-    return {"report": report, "rows": breakdown_rows(report), "findings": shown, "hidden": hidden,
+    return {"report": report, "rows": breakdown_rows(report), "phase_rows": phase_rows(report), "phases": PHASES,
+            "phase_names": PHASE_NAMES, "phase_words": PHASE_WORDS, "findings": shown, "hidden": hidden,
             "top": _TOP, "words": WORDS, "min_speedup": MIN_SPEEDUP,
             "ranks_left_out": max(0, len([s for s in report.summary if s.breakdown_us]) - MAX_RANK_ROWS)}  # fmt: skip
 

@@ -1,0 +1,222 @@
+"""The user's functions on the training thread, and what each holds outside the program phases
+(docs/analysis/program.md).
+
+A frame is the user's when it is not torch's, the standard library's, an installed package's
+(site-packages, or a known library by its top-level name) or hermes' own monitor. For each
+user function, over the analysed steps: the time inside it, the part outside forward, backward,
+the optimizer, data and collectives (``outside_us``), and what it runs there: top-level
+operators, device synchronisations, file I/O, prints, and an operator called many times a step
+on many shapes (a Python loop over tensors). A function that also runs training phases (the
+loop, the step function) is a ``driver``: it holds the program, it is not a cause. The largest
+function that is not a driver gets the what-if set ``user_function`` (its time outside the
+phases and the device work launched there), so the replay prices removing or thinning it.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from hermes_kb.facts.base import Evidence, Fact
+from hermes_kb.facts.program import UserFunction
+
+from .. import intervals as iv
+from ..context import RankContext
+from ..io.dataloader import name_mask
+from ..whatif.sets import WhatIfSet, register
+
+FRAME_RE = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<func>.+)$")
+LIBRARIES = frozenset({
+    "torch", "torchvision", "torchaudio", "torchtext", "functorch", "triton", "torch_npu", "torch_xla", "numpy",
+    "scipy", "pandas", "transformers", "accelerate", "datasets", "tokenizers", "huggingface_hub", "safetensors",
+    "lightning", "pytorch_lightning", "lightning_fabric", "deepspeed", "apex", "megatron", "fairscale", "timm",
+    "einops", "PIL", "cv2", "tqdm", "wandb", "tensorboard", "hermes_kb", "yaml", "jinja2", "packaging", "_pytest",
+    "pytest", "IPython", "typing_extensions", "google", "sklearn", "matplotlib", "h5py", "pyarrow", "msgspec",
+})  # fmt: skip
+SYNC_OPS = re.compile(r"^aten::(?:item|_local_scalar_dense|cpu|numpy|tolist|nonzero)$")
+IO_FRAMES = re.compile(r"^<built-in (?:function open|method (?:write|read|readline|readinto|flush|send|sendall|recv)\b)"
+                       r"|^<method '(?:write|read|flush)' of")  # fmt: skip
+PRINT_FRAMES = re.compile(r"^<built-in function print>$")
+MAX_FACTS = 10
+MIN_SHARE = 0.01  # functions holding less of the window are not reported
+LOOP_CALLS = 16  # calls of one operator a step ...
+LOOP_SHAPES = 4  # ... on this many shapes at least: a loop over tensors
+DRIVER_SHARE = 0.05  # a function with this much of its time in backward, the optimizer or data runs the step
+
+
+def is_user_file(path: str) -> bool:
+    if path.startswith("<") or "site-packages/" in path or "dist-packages/" in path or "/lib/python3" in path:
+        return False
+    parts = [p for p in path.split("/") if p and p != "."]
+    if not parts:
+        return False
+    if "hermes_kb" in parts:  # hermes' own monitor, running inside the loop
+        return False
+    head = parts[0].removesuffix(".py")
+    return not (head in LIBRARIES or head in sys.stdlib_module_names or head.startswith("_"))
+
+
+def user_frame_mask(names: pd.Series) -> np.ndarray:
+    """Rows of python frames that are the user's code (tested once per distinct name)."""
+    if not len(names):
+        return np.zeros(0, dtype=bool)
+    cat = names.astype("category") if not isinstance(names.dtype, pd.CategoricalDtype) else names
+    ok = np.array([bool((m := FRAME_RE.match(str(n)))) and is_user_file(m.group("file")) for n in cat.cat.categories],
+                  dtype=bool)  # fmt: skip
+    codes = cat.cat.codes.to_numpy()
+    return np.where(codes >= 0, ok[np.clip(codes, 0, None)], False)
+
+
+def _inside(ts: np.ndarray, a: iv.Intervals) -> np.ndarray:
+    return iv.covered_by(ts, a) if len(ts) else np.zeros(0, dtype=bool)
+
+
+def _loop(ops: pd.DataFrame, steps: int) -> tuple[str | None, float, int, float]:
+    """The operator called most often, when it is called LOOP_CALLS times a step on LOOP_SHAPES
+    shapes or more: (name, calls a step, shapes, its time)."""
+    if not len(ops) or steps <= 0:
+        return None, 0.0, 0, 0.0
+    counts = ops["name"].astype(str).value_counts()
+    name = str(counts.index[0])
+    mine = ops[(ops["name"].astype(str) == name).to_numpy()]
+    per_step = len(mine) / steps
+    shapes = int(mine["input_dims"].astype(str).nunique()) if "input_dims" in mine.columns else 0
+    if per_step >= LOOP_CALLS and shapes >= LOOP_SHAPES:
+        return name, per_step, shapes, float(mine["dur"].sum())
+    return None, 0.0, 0, 0.0
+
+
+@dataclass
+class _Group:
+    name: str
+    frames: pd.DataFrame
+    spans: iv.Intervals  # the function's time inside the step windows
+    outside: iv.Intervals  # of it, outside the phases (the user_code phase)
+    training_us: float
+
+
+def _group(name: str, frames: pd.DataFrame, windows: iv.Intervals, outside: iv.Intervals,
+           training: iv.Intervals) -> _Group:  # fmt: skip
+    spans = iv.intersect(iv.union(frames["ts"].to_numpy(dtype=np.float64), frames["end"].to_numpy(dtype=np.float64)), windows)
+    return _Group(name, frames, spans, iv.intersect(spans, outside), iv.length(iv.intersect(spans, training)))
+
+
+def _measure(ctx: RankContext, tid: int, g: _Group, window: float) -> UserFunction:
+    trace = ctx.trace
+    time_us, out_us = iv.length(g.spans), iv.length(g.outside)
+    driver = bool(time_us > 0 and g.training_us >= DRIVER_SHARE * time_us)
+    extra = g.outside if driver else g.spans
+    extra_us = iv.length(extra)
+    ops = trace.cpu_ops
+    on = (ops["tid"].to_numpy() == tid) if len(ops) else np.zeros(0, dtype=bool)
+    top = ops[on & (ops["depth"].to_numpy() == 0) & _inside(ops["ts"].to_numpy(), extra)] if len(ops) else ops
+    every = ops[on & _inside(ops["ts"].to_numpy(), extra)] if len(ops) else ops
+    syncs = int(name_mask(every["name"], SYNC_OPS).sum()) if len(every) else 0
+    rt = trace.runtime
+    if len(rt):
+        syncs += int(((rt["tid"].to_numpy() == tid) & (rt["kind"].to_numpy() == "sync") & _inside(rt["ts"].to_numpy(), extra)).sum())
+    py = trace.python
+    inner = py[(py["tid"].to_numpy() == tid) & _inside(py["ts"].to_numpy(), extra)] if len(py) else py
+    frames = g.frames
+    steps = sorted({int(s) for s in ctx.step_of(frames["ts"].to_numpy()) if s >= 0})
+    loop_op, loop_rate, loop_shapes, loop_us = _loop(top, len(steps))
+    by_time = top.groupby(top["name"].astype(str), observed=True)["dur"].sum().sort_values(ascending=False) if len(top) else pd.Series(dtype=float)
+    m = FRAME_RE.match(g.name)
+    longest = frames.sort_values("dur", ascending=False).head(3)
+    return UserFunction(
+        rank=ctx.rank, function=g.name, file=m.group("file") if m else g.name, line=int(m.group("line")) if m else 0,
+        window_us=window, time_us=time_us, outside_us=out_us, training_us=g.training_us, driver=driver,
+        extra_us=extra_us, share_ratio=float(min(extra_us / window, 1.0)) if window > 0 else 0.0,
+        per_step_us=extra_us / max(1, len(ctx.windows)),
+        calls_count=len(frames), steps_count=len(steps),
+        ops_count=len(top), ops_us=float(top["dur"].sum()) if len(top) else 0.0,
+        top_ops=[str(n) for n in by_time.index[:5]], syncs_count=syncs,
+        io_calls_count=int(name_mask(inner["name"], IO_FRAMES).sum()) if len(inner) else 0,
+        prints_count=int(name_mask(inner["name"], PRINT_FRAMES).sum()) if len(inner) else 0,
+        loop_op=loop_op, loop_calls_per_step=loop_rate, loop_shapes_count=loop_shapes, loop_us=loop_us,
+        loop_share_ratio=float(min(loop_us / window, 1.0)) if window > 0 else 0.0,
+        evidence=Evidence(time_ranges_us=[(float(a), float(b)) for a, b in zip(longest["ts"], longest["end"])],
+                          events=[g.name, *[str(n) for n in by_time.index[:3]]],
+                          counts={"calls": len(frames), "operators": len(top)},
+                          note=("time outside forward, backward, the optimizer, data and collectives (the function "
+                                "runs the training step)" if driver else "all of the function's time: it runs no "
+                                "training step (no backward, optimizer or data inside it)")),
+    )  # fmt: skip
+
+
+def _site(facts: list[UserFunction]) -> UserFunction | None:
+    """The function the report names: the largest that runs no training, else the innermost
+    driver (the step function rather than the loop) holding most of the drivers' extra time."""
+    free = [f for f in facts if not f.driver]
+    if free:
+        return max(free, key=lambda f: (f.extra_us, f.time_us, f.function))
+    drivers = [f for f in facts if f.driver]
+    if not drivers:
+        return None
+    most = max(f.extra_us for f in drivers)
+    return min((f for f in drivers if f.extra_us >= 0.5 * most), key=lambda f: (f.time_us, f.function))
+
+
+def _register(ctx: RankContext, tid: int, f: UserFunction, g: _Group, target: str = "user_function") -> None:
+    mine = g.outside if f.driver else g.spans
+    kernels = np.zeros(0, dtype=np.int64)
+    links = ctx.trace.links
+    if len(links):
+        m = (links["gpu_kind"].to_numpy() == "kernel") & (links["launch_tid"].to_numpy() == tid) \
+            & _inside(links["launch_ts"].to_numpy(), mine)
+        kernels = links.loc[m, "gpu_idx"].to_numpy(dtype=np.int64)
+    what = "the loop over tensors in" if target == "user_loop" else "the user function"
+    register(ctx, WhatIfSet.of_intervals(target, f"{what} {f.function} besides the training step",
+                                         tid, mine[0], mine[1], kernels=kernels))  # fmt: skip
+
+
+def _cat(parts: list[iv.Intervals]) -> iv.Intervals:
+    if not parts:
+        return iv.EMPTY
+    return iv.union(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+
+
+def user_functions(ctx: RankContext, view, per_step) -> tuple[dict, list[Fact]]:
+    """(step or None -> (the named function, its extra µs), the user_function facts)."""
+    py = ctx.trace.python
+    if not view.has_stacks or not len(py):
+        return {}, []
+    tid = view.tid
+    sel = py[(py["tid"].to_numpy() == tid) & user_frame_mask(py["name"])]
+    # frames that start inside a phase are the model's, a hook's or the optimizer's own helpers
+    phases = _cat([view.spans[p] for p in ("data", "optimizer", "backward", "communication", "forward")])
+    sel = sel[~_inside(sel["ts"].to_numpy(), phases)] if len(sel) else sel
+    if not len(sel):
+        return {}, []
+    windows = iv.union([w.start_us for w in ctx.windows], [w.end_us for w in ctx.windows])
+    window = sum(dur for _, _, dur in per_step)
+    outside = _cat([p["user_code"] for _, p, _ in per_step])
+    training = _cat([p[k] for _, p, _ in per_step for k in ("data", "optimizer", "backward")])
+    groups = {str(name): _group(str(name), grp, windows, outside, training)
+              for name, grp in sel.groupby(sel["name"].astype(str), observed=True, sort=True)}  # fmt: skip
+    facts = [f for f in (_measure(ctx, tid, g, window) for g in groups.values()) if f.share_ratio >= MIN_SHARE]
+    site = _site(facts)
+    loops = [f for f in facts if f.loop_op is not None]
+    if loops:
+        loop = max(loops, key=lambda f: (f.loop_us, f.function))
+        _register(ctx, tid, loop, groups[loop.function], "user_loop")
+    facts.sort(key=lambda f: (f is not site, f.driver, -f.extra_us, f.function))
+    facts = facts[:MAX_FACTS]
+    if site is None:
+        return {}, facts
+    site.site = True
+    g = groups[site.function]
+    _register(ctx, tid, site, g)
+    mine = g.outside if site.driver else g.spans
+    funcs = {None: (site.function, site.extra_us)}
+    for step, _, dur in per_step:
+        w = next(x for x in ctx.windows if x.step == step)
+        funcs[step] = (site.function, iv.length(iv.clip(mine, w.start_us, w.end_us)))
+    return funcs, facts
+
+
+__all__ = ["LIBRARIES", "is_user_file", "user_frame_mask", "user_functions"]
