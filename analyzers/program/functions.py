@@ -123,7 +123,9 @@ def _measure(ctx: RankContext, tid: int, g: _Group, window: float) -> UserFuncti
     inner = py[(py["tid"].to_numpy() == tid) & _inside(py["ts"].to_numpy(), extra)] if len(py) else py
     frames = g.frames
     steps = sorted({int(s) for s in ctx.step_of(frames["ts"].to_numpy()) if s >= 0})
-    loop_op, loop_rate, loop_shapes, loop_us = _loop(top, len(steps))
+    # a loop over tensors is the user's own: operators outside the model's forward and the phases
+    loose = top[_inside(top["ts"].to_numpy(), g.outside)] if len(top) else top
+    loop_op, loop_rate, loop_shapes, loop_us = _loop(loose, len(steps))
     by_time = top.groupby(top["name"].astype(str), observed=True)["dur"].sum().sort_values(ascending=False) if len(top) else pd.Series(dtype=float)
     m = FRAME_RE.match(g.name)
     longest = frames.sort_values("dur", ascending=False).head(3)
@@ -195,7 +197,11 @@ def user_functions(ctx: RankContext, view, per_step) -> tuple[dict, list[Fact]]:
     windows = iv.union([w.start_us for w in ctx.windows], [w.end_us for w in ctx.windows])
     window = sum(dur for _, _, dur in per_step)
     outside = _cat([p["user_code"] for _, p, _ in per_step])
-    training = _cat([p[k] for _, p, _ in per_step for k in ("data", "optimizer", "backward")])
+    # what the step is for: backward and the optimizer when it trains; a rank that never runs
+    # either (inference, evaluation) is there for its forward
+    trains = any(iv.length(p[k]) > 0 for _, p, _ in per_step for k in ("optimizer", "backward"))
+    keys = ("data", "optimizer", "backward") if trains else ("data", "forward")
+    training = _cat([p[k] for _, p, _ in per_step for k in keys])
     groups = {str(name): _group(str(name), grp, windows, outside, training)
               for name, grp in sel.groupby(sel["name"].astype(str), observed=True, sort=True)}  # fmt: skip
     facts = [f for f in (_measure(ctx, tid, g, window) for g in groups.values()) if f.share_ratio >= MIN_SHARE]

@@ -41,7 +41,9 @@ from ..io.dataloader import main_tid, name_mask
 BACKWARD_FRAME = re.compile(r"^torch/(?:_tensor\.py|autograd/__init__\.py)\(\d+\): backward$")
 MODULE_FRAME = re.compile(r"^torch/nn/modules/module\.py\(\d+\): _(?:wrapped_)?call_impl$")
 MODULE_ANNOTATION = re.compile(r"^nn\.Module: ")
-BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function: ")
+# the autograd engine's work: evaluate_function wrappers (PyTorch 1.10+), or before them the
+# backward functions and AccumulateGrad themselves at top level
+BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function: |Backward\d*$|^torch::autograd::AccumulateGrad$")
 COLLECTIVE_OP = re.compile(r"^(?:c10d::|record_param_comms$|gloo:|nccl:|hccl:)")
 # the order in which a phase claims an instant that several cover
 ORDER = ("data", "optimizer", "backward", "communication", "forward", "user_code")

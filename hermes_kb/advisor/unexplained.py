@@ -31,6 +31,43 @@ _SUMMARY = {
 }
 
 
+# what tells the mechanisms behind a program phase apart, when a phase holds the step
+PHASE_TELL = {
+    "forward": "forward: which operators (hermes analyze --kind op_class: GEMMs, element-wise, attention) and how many "
+               "per step (operator_dispatch); an evaluation run inside the step shows as a user_function",
+    "backward": "backward: the same operator classes on the autograd thread, and in data-parallel jobs the gradient "
+                "collectives inside it (comm_summary, bucket_fusion)",
+    "optimizer": "optimizer: per-parameter (foreach=False) or fused implementation (optimizer_step facts)",
+    "data": "data: in-process loading or workers that cannot keep up (dataloader_wait, loader_workers)",
+    "user_code": "your code: the function named and what it runs (hermes analyze --kind user_function: operators, "
+                 "read-backs, file calls, prints, a loop over tensors)",
+    "communication": "collectives the program issues: their sizes and waits (comm_summary, comm_sync_wait)",
+    "other": "untraced time on the training thread: record with Python stacks (with_stack=True) to name it",
+}
+PHASE_SHARE = 0.2  # a phase or a user function at least this share of the step is named in an unexplained entry
+
+
+def program_note(facts: list[dict[str, Any]]) -> tuple[str, list[str]]:
+    """What the program phases say about the rank (largest phase, the user function named), and
+    the measurements that tell the mechanisms behind them apart."""
+    p = next((f for f in facts if f.get("kind") == "program_phases" and f.get("step") is None), None)
+    if p is None:
+        return "", []
+    phase, share = str(p.get("largest_phase", "")), float(p.get("largest_phase_ratio") or 0.0)
+    site, site_share = p.get("top_function"), float(p.get("top_function_ratio") or 0.0)
+    parts, tell = [], []
+    if share >= PHASE_SHARE:
+        words = {"user_code": "the user's code outside forward, backward and the optimizer", "other": "untraced time",
+                 "communication": "collectives it issues", "data": "waiting for data"}  # fmt: skip
+        parts.append(f"the program spends {share:.0%} of the step in {words.get(phase, phase)}")
+        if phase in PHASE_TELL:
+            tell.append(PHASE_TELL[phase])
+    if site and site_share >= PHASE_SHARE:
+        parts.append(f"the user function {site} takes {site_share:.0%} besides training")
+        tell.append(PHASE_TELL["user_code"])
+    return (" Where the program spends it: " + "; ".join(parts) + "." if parts else ""), tell
+
+
 def _component(rule: Rule) -> str:
     return STEP_COMPONENTS.get(rule.emit.component) or _COMPONENT_OF_CATEGORY.get(rule.emit.category, "host")
 
@@ -117,15 +154,17 @@ def unexplained(inf: Inference, kb: KnowledgeBase, findings: list[Finding], plat
         times = [b["time_us"] / max(1, steps_of[b.get("rank")])
                  for _, b in lead if isinstance(b.get("time_us"), (int, float))]  # fmt: skip
         head = _SUMMARY.get(comp) if step else f"{lead[0][0].title}."
+        where, tell = program_note(mine)
         out.append(Unexplained(
             rule_id=lead[0][0].id, title=head.rstrip("."), category=lead[0][0].emit.category, component=comp,
             ranks=ranks,
             share_ratio=round(statistics.median(b.get("share_ratio", 0.0) for _, b in lead), 4),
             time_us=round(statistics.median(times), 3) if times else None,
             summary=f"{head} No case of the knowledge base explains it on this trace (rules fired: "
-                    f"{', '.join(involved)}); the closest cases are below, each with the first condition it misses.",
+                    f"{', '.join(involved)}); the closest cases are below, each with the first condition it misses."
+                    + where,
             candidates=[Candidate(case_id=c.id, title=c.title, why_not=text) for _, text, c in scored[:MAX_CANDIDATES]],
-            tell_apart=list(dict.fromkeys(t for r in {r.id: r for r, _ in items}.values() for t in r.tell_apart)),
+            tell_apart=list(dict.fromkeys([*(t for r in {r.id: r for r, _ in items}.values() for t in r.tell_apart), *tell])),
         ))  # fmt: skip
     return sorted(out, key=lambda u: -u.share_ratio)
 

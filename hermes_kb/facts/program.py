@@ -56,7 +56,8 @@ class UserFunction(Fact):
     window_us: float = us("the analysed window (sum of the step windows)")
     time_us: float = us("time inside the function in the analysed steps")
     outside_us: float = us("of it, time outside forward, backward, the optimizer, data and collectives")
-    training_us: float = us("of it, time in backward, the optimizer and data: the training step itself")
+    training_us: float = us("of it, time in backward, the optimizer and data: the training step itself (in forward "
+                            "and data on a rank that never runs backward or an optimizer: inference)")
     driver: bool = Field(description="the function runs the training step (backward, the optimizer or data inside it: the "
                          "loop or the step function), so only its time outside the phases is extra work")
     extra_us: float = us("what the step spends in it besides training: all of time_us for a function that runs no "

@@ -14,7 +14,7 @@ from markupsafe import Markup
 from ..advisor.report import Report
 from ..core.sanitize import clean_model
 from . import svg
-from .report import TEMPLATES, WORDS, MIN_SPEEDUP, breakdown_rows, shown_findings
+from .report import PHASE_NAMES, TEMPLATES, WORDS, MIN_SPEEDUP, breakdown_rows, phase_rows, shown_findings
 
 MAX_HTML_RANKS = 64  # breakdown bars
 MAX_SERIES_RANKS = 8  # lines in the step-time chart
@@ -60,6 +60,7 @@ def _series_ranks(report: Report) -> list:
 def render_html(report: Report) -> str:
     r = clean_model(report)
     rows = breakdown_rows(r, MAX_HTML_RANKS)
+    prows = phase_rows(r, MAX_HTML_RANKS)
     shown, hidden = shown_findings(r)
     drawn = _series_ranks(r)
     spikes = sorted(((s.rank, p) for s in r.summary for p in s.series if p.spike),
@@ -82,6 +83,12 @@ def render_html(report: Report) -> str:
         "ranks_left_out": max(0, len([s for s in r.summary if s.breakdown_us]) - MAX_HTML_RANKS),
         "breakdown_chart": svg.breakdown_chart(rows) if rows else Markup(""),
         "breakdown_legend": svg.legend([(n, c) for _, n, c in svg.COMPONENTS] + [("holds the step (outlined)", "#000")]),
+        "phase_rows": prows,
+        "phases": svg.PHASES,
+        "phase_names": PHASE_NAMES,
+        "phase_chart": svg.breakdown_chart(prows, components=svg.PHASES, held="largest:",
+                                           title="program phases per rank") if prows else Markup(""),  # fmt: skip
+        "phase_legend": svg.legend([(n, c) for _, n, c in svg.PHASES] + [("the largest (outlined)", "#000")]),
         "step_chart": svg.step_chart([(s.rank, s.series) for s in drawn]) if drawn else None,
         "step_legend": svg.legend([(f"rank {s.rank}", svg.RANK_COLORS[i % len(svg.RANK_COLORS)]) for i, s in enumerate(drawn)]
                                   + [(f"spike: {c}", svg.SPIKE_COLORS.get(c, "#333")) for c in causes]),  # fmt: skip

@@ -22,6 +22,15 @@ COMPONENTS = (
     ("idle", "idle", "#bab0ac"),
 )
 CRITICAL_PARTS = {"host": ("host_launch", "host_dispatch", "host_python")}
+PHASES = (
+    ("data", "data", "#59a14f"),
+    ("forward", "forward", "#4e79a7"),
+    ("backward", "backward", "#76b7b2"),
+    ("optimizer", "optimizer", "#edc948"),
+    ("communication", "collectives", "#f28e2b"),
+    ("user_code", "your code", "#e15759"),
+    ("other", "untraced", "#bab0ac"),
+)
 RANK_COLORS = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
                "#bab0ac")  # fmt: skip
 SPIKE_COLORS = {"gc": "#b07aa1", "checkpoint": "#e15759", "marked_event": "#edc948", "data_wait": "#59a14f",
@@ -58,9 +67,11 @@ def _text(x, y, s, anchor: str = "start", extra: str = "") -> str:
     return f'<text x="{f(x)}" y="{f(y)}" text-anchor="{anchor}" {extra}>{escape(s)}</text>'
 
 
-def breakdown_chart(rows: Sequence[dict], width: int = 860) -> Markup:
-    """Stacked horizontal bars, one per rank: the seven components of the mean step, the bar's
-    length the rank's mean step; the component that holds the step outlined and named."""
+def breakdown_chart(rows: Sequence[dict], width: int = 860, components: Sequence[tuple[str, str, str]] = COMPONENTS,
+                    held: str = "held by", title: str = "step breakdown per rank") -> Markup:  # fmt: skip
+    """Stacked horizontal bars, one per rank: the parts of the mean step (the seven components,
+    or the program phases), the bar's length the rank's mean step; the part that holds the step
+    outlined and named."""
     label_w, right_w, bar_h, gap, top = 200, 250, 18, 8, 8
     plot_w = width - label_w - right_w
     longest = max((num(r["mean_ms"]) for r in rows), default=0.0) or 1.0
@@ -75,7 +86,7 @@ def breakdown_chart(rows: Sequence[dict], width: int = 860) -> Markup:
         crit = r.get("critical") or ""
         crit_parts = CRITICAL_PARTS.get(crit, (crit,))
         crit_x0 = crit_x1 = None
-        for key, name, color in COMPONENTS:
+        for key, name, color in components:
             v = num(r["ms"].get(key, 0.0))
             w = plot_w * v / longest
             if w <= 0:
@@ -91,14 +102,16 @@ def breakdown_chart(rows: Sequence[dict], width: int = 860) -> Markup:
         if crit_x0 is not None:
             body.append(f'<rect class="critical" x="{f(crit_x0, 2)}" y="{f(y - 2)}" width="{f(crit_x1 - crit_x0, 2)}" '
                         f'height="{bar_h + 4}" fill="none" stroke="#000" stroke-width="2"/>')  # fmt: skip
-        body.append(_text(x + 6, y + bar_h - 5, f"{num(r['mean_ms']):,.1f} ms · held by {crit} {num(r.get('critical_ratio')):.0%}"))
+        names = {k: n for k, n, _ in components}
+        body.append(_text(x + 6, y + bar_h - 5, f"{num(r['mean_ms']):,.1f} ms · {held} {names.get(crit, crit)} "
+                                                f"{num(r.get('critical_ratio')):.0%}"))  # fmt: skip
     axis_y = top + len(rows) * (bar_h + gap) + 4
     body.append(f'<line x1="{label_w}" y1="{f(axis_y)}" x2="{label_w + plot_w}" y2="{f(axis_y)}" stroke="#888"/>')
     for frac in (0, 0.25, 0.5, 0.75, 1.0):
         tx = label_w + plot_w * frac
         body.append(f'<line x1="{f(tx)}" y1="{f(axis_y)}" x2="{f(tx)}" y2="{f(axis_y + 4)}" stroke="#888"/>')
         body.append(_text(tx, axis_y + 15, f"{longest * frac:,.1f} ms", "middle", 'fill="#555"'))
-    return _svg(width, height, body, "step breakdown per rank")
+    return _svg(width, height, body, title)
 
 
 def legend(items: Sequence[tuple[str, str]]) -> Markup:
