@@ -26,7 +26,7 @@ from hermes_kb.facts.program import UserFunction
 
 from .. import intervals as iv
 from ..context import RankContext
-from ..io.dataloader import name_mask
+from ..selection import name_mask
 from ..whatif.sets import WhatIfSet, register
 
 FRAME_RE = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<func>.+)$")
@@ -115,10 +115,20 @@ def _measure(ctx: RankContext, tid: int, g: _Group, window: float) -> UserFuncti
     on = (ops["tid"].to_numpy() == tid) if len(ops) else np.zeros(0, dtype=bool)
     top = ops[on & (ops["depth"].to_numpy() == 0) & _inside(ops["ts"].to_numpy(), extra)] if len(ops) else ops
     every = ops[on & _inside(ops["ts"].to_numpy(), extra)] if len(ops) else ops
-    syncs = int(name_mask(every["name"], SYNC_OPS).sum()) if len(every) else 0
+    sync_ops = every[name_mask(every["name"], SYNC_OPS)] if len(every) else every
+    if len(sync_ops):  # the outermost of a chain (aten::item > aten::_local_scalar_dense) counts once
+        parent = sync_ops["parent"].to_numpy()
+        nested = np.isin(parent, sync_ops.index.to_numpy())
+        sync_ops = sync_ops[~nested]
+    syncs, syncs_us = len(sync_ops), iv.length(iv.union(sync_ops["ts"].to_numpy(np.float64), sync_ops["end"].to_numpy(np.float64))) if len(sync_ops) else 0.0
     rt = trace.runtime
     if len(rt):
-        syncs += int(((rt["tid"].to_numpy() == tid) & (rt["kind"].to_numpy() == "sync") & _inside(rt["ts"].to_numpy(), extra)).sum())
+        m = (rt["tid"].to_numpy() == tid) & (rt["kind"].to_numpy() == "sync") & _inside(rt["ts"].to_numpy(), extra)
+        syncs += int(m.sum())
+        if m.any():
+            waits = iv.union(rt["ts"].to_numpy(np.float64)[m], rt["end"].to_numpy(np.float64)[m])
+            syncs_us = iv.length(iv.union(np.concatenate([waits[0], sync_ops["ts"].to_numpy(np.float64)]),
+                                          np.concatenate([waits[1], sync_ops["end"].to_numpy(np.float64)])))  # fmt: skip
     py = trace.python
     inner = py[(py["tid"].to_numpy() == tid) & _inside(py["ts"].to_numpy(), extra)] if len(py) else py
     frames = g.frames
@@ -136,7 +146,7 @@ def _measure(ctx: RankContext, tid: int, g: _Group, window: float) -> UserFuncti
         per_step_us=extra_us / max(1, len(ctx.windows)),
         calls_count=len(frames), steps_count=len(steps),
         ops_count=len(top), ops_us=float(top["dur"].sum()) if len(top) else 0.0,
-        top_ops=[str(n) for n in by_time.index[:5]], syncs_count=syncs,
+        top_ops=[str(n) for n in by_time.index[:5]], syncs_count=syncs, syncs_us=syncs_us,
         io_calls_count=int(name_mask(inner["name"], IO_FRAMES).sum()) if len(inner) else 0,
         prints_count=int(name_mask(inner["name"], PRINT_FRAMES).sum()) if len(inner) else 0,
         loop_op=loop_op, loop_calls_per_step=loop_rate, loop_shapes_count=loop_shapes, loop_us=loop_us,

@@ -36,7 +36,7 @@ from hermes_kb.trace.bundle import RankTrace
 
 from .. import intervals as iv
 from ..context import RankContext
-from ..io.dataloader import main_tid, name_mask
+from ..selection import main_tid, name_mask
 
 BACKWARD_FRAME = re.compile(r"^torch/(?:_tensor\.py|autograd/__init__\.py)\(\d+\): backward$")
 MODULE_FRAME = re.compile(r"^torch/nn/modules/module\.py\(\d+\): _(?:wrapped_)?call_impl$")

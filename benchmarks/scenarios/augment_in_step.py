@@ -1,12 +1,12 @@
 """Scenario augment_in_step: per-sample augmentation in a Python loop inside the training step.
 
-Model: a 1-D convolutional audio classifier (conv 1->16->32 over 4,000-sample clips, global
-average pooling, 12 classes), batch 48, AdamW (fused=True in both variants), one intra-op
+Model: a 1-D convolutional audio classifier (conv 1->16->32 over 1,000-sample clips, global
+average pooling, 12 classes), batch 128, AdamW (fused=True in both variants), one intra-op
 thread. The batches come from an in-memory list, as a pre-decoded dataset would give them.
 
 Injected (bad): the step augments its batch sample by sample in Python before the forward:
-for each clip a random gain, a random time shift (``torch.roll``) and, for half of them, added
-noise, each a separate small operator on one row, 48 times a step. It is in the step, not in
+for each clip a random gain, a random time shift (``torch.roll``), for half of them added noise,
+and a peak normalisation, each a separate small operator on one row, 128 times a step. It is in the step, not in
 the DataLoader, so no worker can take it.
 
 Fix (fixed): the same augmentation for the whole batch at once: gains and noise as batched
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import common  # noqa: E402
 from common import Label, Run  # noqa: E402
 
-CLIP, BATCH, CLASSES = 4000, 48, 12
+CLIP, BATCH, CLASSES = 1000, 128, 12
 
 
 def make_run(variant: str) -> Run:
@@ -50,17 +50,20 @@ def make_run(variant: str) -> Run:
             out = []
             for clip in x:
                 gain = float(torch.empty(1).uniform_(0.8, 1.2, generator=aug))
-                shift = int(torch.randint(-400, 400, (1,), generator=aug))
+                shift = int(torch.randint(-100, 100, (1,), generator=aug))
                 c = torch.roll(clip * gain, shift, dims=-1)
                 if float(torch.rand(1, generator=aug)) < 0.5:
                     c = c + 0.01 * torch.randn(c.shape, generator=aug)
+                c = c / c.abs().max().clamp(min=1e-6)  # peak-normalise the clip
                 out.append(c)
             return torch.stack(out)
         gain = torch.empty(BATCH, 1, 1).uniform_(0.8, 1.2, generator=aug)
-        shift = torch.randint(-400, 400, (BATCH, 1, 1), generator=aug)
+        shift = torch.randint(-100, 100, (BATCH, 1, 1), generator=aug)
         idx = (positions.view(1, 1, -1) - shift) % CLIP
-        noisy = (torch.rand(BATCH, 1, 1, generator=aug) < 0.5).float()
-        return torch.gather(x * gain, 2, idx) + noisy * 0.01 * torch.randn(x.shape, generator=aug)
+        out = torch.gather(x * gain, 2, idx)
+        noisy = torch.rand(BATCH, generator=aug) < 0.5
+        out[noisy] += 0.01 * torch.randn((int(noisy.sum()), 1, CLIP), generator=aug)
+        return out / out.abs().amax(2, keepdim=True).clamp(min=1e-6)
 
     def step(i: int) -> None:
         x, y = data[i % len(data)]
@@ -78,8 +81,8 @@ LABEL = Label(
     category="cpu",
     cause="user_code_in_step",
     expected_cases=["C-PROG-001"],
-    description=("Random gain, shift and noise applied clip by clip in a Python loop inside the training step of a 1-D "
-                 "conv audio classifier (48 clips, several small operators each, every step)."),
+    description=("Random gain, shift, noise and peak normalisation applied clip by clip in a Python loop inside the "
+                 "training step of a 1-D conv audio classifier (128 clips, several small operators each, every step)."),
     fix="The same augmentation as batched tensor operations (one gather for the per-row shifts).",
     notes=["Recorded for issue 32, written from the mechanism: the user's code in the step, outside forward, "
            "backward and the optimizer, and outside the DataLoader (no worker can take it)."],

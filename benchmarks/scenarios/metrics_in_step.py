@@ -1,12 +1,12 @@
 """Scenario metrics_in_step: per-class precision, recall and F1 computed in Python every step.
 
-Model: the zoo's small CNN (conv 3->16->32, two linear layers) on synthetic 3x32x32 images, 10
-classes, batch 128, SGD with momentum (foreach), one intra-op thread.
+Model: an MLP classifier (128 -> 256 -> 256 -> 40 classes) on synthetic features, batch 64, SGD
+with momentum (foreach), one intra-op thread: a step of about a millisecond of training.
 
 Injected (bad): after the optimizer step the loop computes a classification report for the
 batch, the way a hand-written training script logs it: for each class, true positives, false
 positives and false negatives by boolean masks, each read back with ``.item()``, then precision,
-recall and F1 in Python floats, for all 10 classes, in every step. None of it is forward,
+recall and F1 in Python floats, for all 40 classes, in every step. None of it is forward,
 backward or the optimizer: it is the user's own function in the step.
 
 Fix (fixed): the predictions go into a confusion matrix kept on the device with one
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import common  # noqa: E402
 from common import Label, Run  # noqa: E402
 
-CLASSES, BATCH, EVERY = 10, 128, 100
+FEATURES, CLASSES, BATCH, EVERY = 128, 40, 64, 100
 
 
 def make_run(variant: str) -> Run:
@@ -36,10 +36,10 @@ def make_run(variant: str) -> Run:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = common.small_cnn()
+    model = nn.Sequential(nn.Linear(FEATURES, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, CLASSES))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, foreach=True)
     gen = torch.Generator().manual_seed(1)
-    data = [(torch.randn(BATCH, 3, 32, 32, generator=gen), torch.randint(0, CLASSES, (BATCH,), generator=gen))
+    data = [(torch.randn(BATCH, FEATURES, generator=gen), torch.randint(0, CLASSES, (BATCH,), generator=gen))
             for _ in range(8)]
     loss_fn = nn.CrossEntropyLoss()
     confusion = torch.zeros(CLASSES * CLASSES, dtype=torch.long)
@@ -85,8 +85,8 @@ LABEL = Label(
     category="cpu",
     cause="user_code_in_step",
     expected_cases=["C-PROG-001"],
-    description=("Per-class precision, recall and F1 computed in Python after every optimizer step: 30 boolean-mask "
-                 "reductions each read back with .item(), then Python arithmetic, for 10 classes."),
+    description=("Per-class precision, recall and F1 computed in Python after every optimizer step: 120 boolean-mask "
+                 "reductions each read back with .item(), then Python arithmetic, for 40 classes."),
     fix="A confusion matrix updated on the device with one bincount per step; the report computed every 100 steps.",
     notes=["Recorded for issue 32 (the program-phase breakdown and its general cases), written from the mechanism: "
            "work the user's code adds to every step besides training."],

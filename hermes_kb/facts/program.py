@@ -72,6 +72,8 @@ class UserFunction(Fact):
     ops_us: float = us("their time")
     top_ops: list[str] = Field(default_factory=list, description="its operators by time, at most 5")
     syncs_count: int = measure("count", "device synchronisations it makes (aten::item, .cpu(), stream syncs)")
+    syncs_us: float = us("time inside them: on a device, mostly waiting for work queued before (that time is the "
+                         "device's, and goes with the work, not with the read-back)", default=0.0)
     io_calls_count: int = measure("count", "file and socket calls (open, read, write, flush, ...)")
     prints_count: int = measure("count", "print calls")
     loop_op: str | None = Field(default=None, description="an operator it calls many times a step on many shapes: a Python loop over tensors")
