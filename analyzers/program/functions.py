@@ -46,6 +46,7 @@ MIN_SHARE = 0.01  # functions holding less of the window are not reported
 LOOP_CALLS = 16  # calls of one operator a step ...
 LOOP_SHAPES = 4  # ... on this many shapes at least: a loop over tensors
 DRIVER_SHARE = 0.05  # a function with this much of its time in backward, the optimizer or data runs the step
+DRIVER_WORK = 0.5  # a driver is named for its extra time when operators and read-backs fill this much of it
 
 
 def is_user_file(path: str) -> bool:
@@ -131,6 +132,7 @@ def _measure(ctx: RankContext, tid: int, g: _Group, window: float) -> UserFuncti
                                           np.concatenate([waits[1], sync_ops["end"].to_numpy(np.float64)])))  # fmt: skip
     py = trace.python
     inner = py[(py["tid"].to_numpy() == tid) & _inside(py["ts"].to_numpy(), extra)] if len(py) else py
+    work_us = _work(inner, top, extra)
     frames = g.frames
     steps = sorted({int(s) for s in ctx.step_of(frames["ts"].to_numpy()) if s >= 0})
     # a loop over tensors is the user's own: operators outside the model's forward and the phases
@@ -143,8 +145,9 @@ def _measure(ctx: RankContext, tid: int, g: _Group, window: float) -> UserFuncti
         rank=ctx.rank, function=g.name, file=m.group("file") if m else g.name, line=int(m.group("line")) if m else 0,
         window_us=window, time_us=time_us, outside_us=out_us, training_us=g.training_us, driver=driver,
         extra_us=extra_us, share_ratio=float(min(extra_us / window, 1.0)) if window > 0 else 0.0,
-        per_step_us=extra_us / max(1, len(ctx.windows)),
+        per_step_us=extra_us / max(1, len(ctx.windows)), work_us=work_us,
         calls_count=len(frames), steps_count=len(steps),
+        steps_ratio=float(min(len(steps) / len(ctx.windows), 1.0)) if ctx.windows else 0.0,
         ops_count=len(top), ops_us=float(top["dur"].sum()) if len(top) else 0.0,
         top_ops=[str(n) for n in by_time.index[:5]], syncs_count=syncs, syncs_us=syncs_us,
         io_calls_count=int(name_mask(inner["name"], IO_FRAMES).sum()) if len(inner) else 0,
@@ -160,13 +163,33 @@ def _measure(ctx: RankContext, tid: int, g: _Group, window: float) -> UserFuncti
     )  # fmt: skip
 
 
+def _work(inner: pd.DataFrame, top: pd.DataFrame, extra: iv.Intervals) -> float:
+    """Time of ``extra`` inside what the function calls itself: library and built-in Python frames
+    and top-level operators that start in it. Other user functions (the step function a loop
+    calls) have their own facts; hermes' monitor and what it calls is not the user's work."""
+    monitor = iv.EMPTY
+    starts, ends = [top["ts"].to_numpy(np.float64)], [top["end"].to_numpy(np.float64)]
+    if len(inner):
+        names = inner["name"].astype(str)
+        mon = names.str.contains("hermes_kb/", regex=False).to_numpy()
+        monitor = iv.union(inner["ts"].to_numpy(np.float64)[mon], inner["end"].to_numpy(np.float64)[mon])
+        keep = ~mon & ~user_frame_mask(inner["name"])
+        starts.append(inner["ts"].to_numpy(np.float64)[keep])
+        ends.append(inner["end"].to_numpy(np.float64)[keep])
+    work = iv.intersect(iv.union(np.concatenate(starts), np.concatenate(ends)), extra)
+    return iv.length(iv.subtract(work, monitor))
+
+
 def _site(facts: list[UserFunction]) -> UserFunction | None:
     """The function the report names: the largest that runs no training, else the innermost
-    driver (the step function rather than the loop) holding most of the drivers' extra time."""
+    driver (the step function rather than the loop) holding most of the drivers' extra time,
+    when that time is mostly operators and read-backs."""
     free = [f for f in facts if not f.driver]
     if free:
         return max(free, key=lambda f: (f.extra_us, f.time_us, f.function))
-    drivers = [f for f in facts if f.driver]
+    # a driver's time outside the phases is named only when it is mostly spent in what it calls
+    # (operators, Python functions): the loop's own glue between the phases is not extra work
+    drivers = [f for f in facts if f.driver and f.work_us >= DRIVER_WORK * f.extra_us]
     if not drivers:
         return None
     most = max(f.extra_us for f in drivers)

@@ -64,10 +64,13 @@ class UserFunction(Fact):
                          "training (an evaluation, a metric, a log line), outside_us for a driver")
     share_ratio: float = ratio("extra_us / window_us")
     per_step_us: float = us("extra_us per analysed step")
+    work_us: float = us("of extra_us, time in what it calls (operators, other Python functions); the rest is its "
+                        "own Python between them (a loop's glue)", default=0.0)
     site: bool = Field(default=False, description="the function the report names: the largest share among the functions "
                        "that run no training, else the innermost driver holding most of the extra time")
     calls_count: int = measure("count", "calls in the analysed steps")
     steps_count: int = measure("count", "analysed steps it ran in")
+    steps_ratio: float = ratio("steps_count / analysed steps: 1 for a function of every step, less for periodic work")
     ops_count: int = measure("count", "top-level operators it calls in extra_us")
     ops_us: float = us("their time")
     top_ops: list[str] = Field(default_factory=list, description="its operators by time, at most 5")
