@@ -77,18 +77,19 @@ def _inside(ts: np.ndarray, a: iv.Intervals) -> np.ndarray:
 
 
 def _loop(ops: pd.DataFrame, steps: int) -> tuple[str | None, float, int, float]:
-    """The operator called most often, when it is called LOOP_CALLS times a step on LOOP_SHAPES
-    shapes or more: (name, calls a step, shapes, its time)."""
+    """Operators called at least LOOP_CALLS times a step on LOOP_SHAPES shapes or more (a loop
+    over tensors): (the most-called, its calls a step, its shapes, the time of all of them)."""
     if not len(ops) or steps <= 0:
         return None, 0.0, 0, 0.0
-    counts = ops["name"].astype(str).value_counts()
-    name = str(counts.index[0])
-    mine = ops[(ops["name"].astype(str) == name).to_numpy()]
-    per_step = len(mine) / steps
-    shapes = int(mine["input_dims"].astype(str).nunique()) if "input_dims" in mine.columns else 0
-    if per_step >= LOOP_CALLS and shapes >= LOOP_SHAPES:
-        return name, per_step, shapes, float(mine["dur"].sum())
-    return None, 0.0, 0, 0.0
+    names = ops["name"].astype(str)
+    dims = ops["input_dims"].astype(str) if "input_dims" in ops.columns else pd.Series("", index=ops.index)
+    stats = pd.DataFrame({"name": names, "dims": dims, "dur": ops["dur"].to_numpy()}).groupby("name", sort=True)
+    calls, shapes, dur = stats.size(), stats["dims"].nunique(), stats["dur"].sum()
+    looped = calls.index[(calls / steps >= LOOP_CALLS) & (shapes >= LOOP_SHAPES)]
+    if not len(looped):
+        return None, 0.0, 0, 0.0
+    top = max(looped, key=lambda n: (calls[n], n))
+    return str(top), float(calls[top] / steps), int(shapes[top]), float(dur[looped].sum())
 
 
 @dataclass

@@ -27,6 +27,9 @@ import common  # noqa: E402
 from common import Label, Run  # noqa: E402
 
 CLIP, BATCH, CLASSES = 1000, 128, 12
+# verify_secondary.py --check augment_off_step sets this False: the batches come augmented (as from
+# DataLoader workers), a second fix for the twin's remaining, vectorised augmentation
+AUGMENT_IN_STEP = True
 
 
 def make_run(variant: str) -> Run:
@@ -65,9 +68,11 @@ def make_run(variant: str) -> Run:
         out[noisy] += 0.01 * torch.randn((int(noisy.sum()), 1, CLIP), generator=aug)
         return out / out.abs().amax(2, keepdim=True).clamp(min=1e-6)
 
+    ready = None if AUGMENT_IN_STEP else [(augment(x), y) for x, y in data]
+
     def step(i: int) -> None:
         x, y = data[i % len(data)]
-        x = augment(x)
+        x = augment(x) if ready is None else ready[i % len(ready)][0]
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)
         loss.backward()

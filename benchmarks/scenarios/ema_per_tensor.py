@@ -1,15 +1,17 @@
 """Scenario ema_per_tensor: an exponential moving average of the weights updated tensor by tensor.
 
-Model: a small Transformer encoder (2 layers, d_model 128, 4 heads, feed-forward 256) over
-sequences of 32 tokens from a 1,000-word vocabulary, a mean-pooled 4-class head; AdamW
-(fused=True in both variants), batch 16, one intra-op thread. 30 parameter tensors.
+Model: a deep, narrow residual MLP (48 blocks of Linear 64x64 + LayerNorm + ReLU, a 10-class
+head: 194 parameter tensors, 0.2 M parameters) on synthetic features, AdamW (fused=True in
+both variants), batch 32, one intra-op thread: many small tensors, as in the normalisation and
+bias parameters of any deep model.
 
 Injected (bad): after every optimizer step the loop refreshes an EMA copy of the weights the way
-many training scripts write it: ``for e, p in zip(ema, params): e.mul_(decay).add_(p, alpha=1 -
-decay)`` under no_grad, two operators per tensor, each paying Python and dispatch, 60 calls a
-step.
+many training scripts (and timm's ModelEmaV2) write it: over the two state dicts, ``e.copy_(e *
+decay + (1 - decay) * p)`` under no_grad, four operators per tensor, each paying Python and
+dispatch, plus two ``state_dict()`` walks, every step.
 
-Fix (fixed): one multi-tensor call, ``torch._foreach_lerp_(ema, params, 1 - decay)``.
+Fix (fixed): the same two operations on the whole lists, ``torch._foreach_mul_`` and
+``torch._foreach_add_``: two calls a step.
 
 Expected: C-PROG-002 (a Python loop issues one operator per tensor) or C-PROG-001 (the EMA
 function besides training), naming ``ema_per_tensor.py: update_ema``.
@@ -17,6 +19,7 @@ function besides training), naming ``ema_per_tensor.py: update_ema``.
 
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
@@ -25,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import common  # noqa: E402
 from common import Label, Run  # noqa: E402
 
-VOCAB, SEQ, BATCH, DECAY = 1000, 32, 16, 0.999
+WIDTH, BLOCKS, BATCH, DECAY = 64, 48, 32, 0.999
 
 
 def make_run(variant: str) -> Run:
@@ -35,33 +38,32 @@ def make_run(variant: str) -> Run:
     torch.set_num_threads(1)
     torch.manual_seed(0)
 
-    class Classifier(nn.Module):
+    class Block(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.embed = nn.Embedding(VOCAB, 128)
-            layer = nn.TransformerEncoderLayer(128, 4, 256, dropout=0.0, batch_first=True)
-            self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
-            self.head = nn.Linear(128, 4)
+            self.lin, self.norm = nn.Linear(WIDTH, WIDTH), nn.LayerNorm(WIDTH)
 
-        def forward(self, tokens):
-            return self.head(self.encoder(self.embed(tokens)).mean(1))
+        def forward(self, x):
+            return x + torch.relu(self.norm(self.lin(x)))
 
-    model = Classifier()
+    model = nn.Sequential(*[Block() for _ in range(BLOCKS)], nn.Linear(WIDTH, 10))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     params = [p for p in model.parameters()]
-    ema = [p.detach().clone() for p in params]
     gen = torch.Generator().manual_seed(1)
-    data = [(torch.randint(0, VOCAB, (BATCH, SEQ), generator=gen), torch.randint(0, 4, (BATCH,), generator=gen))
-            for _ in range(8)]
+    data = [(torch.randn(BATCH, WIDTH, generator=gen), torch.randint(0, 10, (BATCH,), generator=gen)) for _ in range(8)]
     loss_fn = nn.CrossEntropyLoss()
+
+    ema_model = copy.deepcopy(model)
+    ema = list(ema_model.parameters())
 
     @torch.no_grad()
     def update_ema() -> None:
         if variant == "bad":
-            for e, p in zip(ema, params):
-                e.mul_(DECAY).add_(p, alpha=1 - DECAY)
+            for e, p in zip(ema_model.state_dict().values(), model.state_dict().values()):
+                e.copy_(e * DECAY + (1 - DECAY) * p)
         else:
-            torch._foreach_lerp_(ema, params, 1 - DECAY)
+            torch._foreach_mul_(ema, DECAY)
+            torch._foreach_add_(ema, params, alpha=1 - DECAY)
 
     def step(i: int) -> None:
         x, y = data[i % len(data)]
@@ -78,11 +80,13 @@ LABEL = Label(
     scenario="ema_per_tensor",
     category="cpu",
     cause="per_tensor_python_loop",
-    expected_cases=["C-PROG-002", "C-PROG-001"],
-    description=("An EMA of a Transformer encoder's 30 weight tensors refreshed with a Python loop (mul_ and add_ per "
+    expected_cases=["C-PROG-002", "C-PROG-001", "C-CPU-045"],
+    description=("An EMA of a deep narrow MLP's 194 weight tensors refreshed with a Python loop (mul_ and add_ per "
                  "tensor) after every optimizer step."),
-    fix="One torch._foreach_lerp_ over the lists.",
-    notes=["Recorded for issue 32, written from the mechanism: a Python loop that issues operators once per tensor."],
+    fix="torch._foreach_mul_ and torch._foreach_add_ over the lists: two calls a step.",
+    notes=["Recorded for issue 32, written from the mechanism: a Python loop that issues operators once per tensor.",
+           "C-CPU-045 (state copied every step, whose second fix is this scenario's: an in-place multi-tensor EMA) was "
+           "added to the expected cases after hermes reported it first: the loop walks two state_dict()s every step."],
 )
 
 if __name__ == "__main__":

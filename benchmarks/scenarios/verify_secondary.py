@@ -16,6 +16,8 @@ Checks (``--check``):
                    children's back-reference to their parent, so reference counting frees them
                    and the collector has no cycles to find (the case's "reduce the Python
                    allocation churn" fix; the twin already has the first one, freeze + thresholds).
+  augment_off_step C-PROG-001 (augment_in_step): the twin's batches arrive augmented, as DataLoader
+                   workers would hand them over, so the step no longer augments at all.
   compile_model    C-COMP-003 (GPU conv nets: gpu_cudnn_benchmark, gpu_conv_nchw, gpu_cudnn_multiscale): the
                    scenario's ``resnet()`` wrapped in torch.compile.
   keep_memory      C-MON-012: glibc's mmap and trim thresholds raised (MALLOC_MMAP_THRESHOLD_,
@@ -87,6 +89,8 @@ CHECKS: dict[str, tuple[str, str, Callable]] = {
                      "background writer would", lambda mod, torch: _patch_attr(mod, "FLUSH_EVERY", 10**9)),
     "compile_model": ("C-COMP-003", "the conv net wrapped in torch.compile (Inductor fuses the batch-norm, ReLU and "
                       "residual-add chains)", _patch_compile),
+    "augment_off_step": ("C-PROG-001", "the batches arrive augmented (as DataLoader workers would give them): no "
+                         "augmentation in the training step", lambda mod, torch: _patch_attr(mod, "AUGMENT_IN_STEP", False)),
     "acyclic_parse": ("C-CPU-011", "parse_batch without parent back-references (no reference cycles for the "
                       "collector to find)", lambda mod, torch: _patch_attr(mod, "parse_batch", functools.partial(mod.parse_batch, back_refs=False))),
 }  # fmt: skip

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..kb.matches import Inference
 from ..kb.loader import KnowledgeBase
 from .combined import combined_gain
-from .findings import findings_and_plans, generic_cases
+from .findings import explains_of, findings_and_plans
 from .gains import breakdowns
 from .ranking import merge_findings
 from .report import CombinedGain, Finding, Unexplained
@@ -19,7 +19,7 @@ def diagnose(inf: Inference, kb: KnowledgeBase, platform: str, replay: dict, *, 
     """Findings ranked, nested where they claim the same time, filtered to a rank and cut to the
     first ``top``; the gain of the first fixes together; the bottlenecks no finding explains."""
     findings, plans = findings_and_plans(inf, kb, platform)
-    findings = merge_findings(findings, whatif_index(inf, kb), generic_cases(kb))
+    findings = merge_findings(findings, whatif_index(inf, kb), explains_of(kb))
     if rank is not None:
         findings = [f for f in findings if not f.ranks or rank in f.ranks]
         plans = {k: [g for g in v if g.rank in (rank, None)] for k, v in plans.items()}

@@ -65,12 +65,12 @@ def evidence_of(m: Match, inf: Inference) -> list[EvidenceItem]:
 def findings_from(inf: Inference, kb: KnowledgeBase, platform: str) -> list[Finding]:
     """Ranked findings; those claiming the same critical-path time as a better one nested in it."""
     findings, _ = findings_and_plans(inf, kb, platform)
-    return merge_findings(findings, whatif_index(inf, kb), generic_cases(kb))
+    return merge_findings(findings, whatif_index(inf, kb), explains_of(kb))
 
 
-def generic_cases(kb: KnowledgeBase) -> set[str]:
-    """Cases that name where the time goes rather than a mechanism (they yield to a specific one)."""
-    return {e.item.id for e in kb.cases if e.item.generic}
+def explains_of(kb: KnowledgeBase) -> dict[str, str]:
+    """What each case says about the time it claims (``Case.explains``), for the nesting of findings."""
+    return {e.item.id: e.item.explains for e in kb.cases}
 
 
 def considered(inf: Inference, cases: dict[str, Case], platform: str) -> dict[str, list[Match]]:
@@ -181,4 +181,4 @@ def component_of(case: Case) -> str | None:
     return "host" if case.category == "cpu" else None
 
 
-__all__ = ["HIGH_SHARE", "MEDIUM_SHARE", "MIN_REPORTED_SPEEDUP", "component_of", "considered", "evidence_of", "findings_and_plans", "findings_from", "generic_cases", "severity_of", "whatif_targets"]
+__all__ = ["HIGH_SHARE", "MEDIUM_SHARE", "MIN_REPORTED_SPEEDUP", "component_of", "considered", "evidence_of", "findings_and_plans", "findings_from", "explains_of", "severity_of", "whatif_targets"]

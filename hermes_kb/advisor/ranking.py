@@ -41,25 +41,36 @@ def _shared_time(a: Finding, b: Finding, whatif: dict) -> float:
     return best
 
 
-def _lead_specific(kept: list[Finding], generic: set[str], whatif: dict) -> list[Finding]:
-    """A generic finding (it names where the time goes, not the mechanism) that claims the same
-    time as a specific one is listed under it, the specific one taking its place."""
-    for g in [k for k in kept if k.case_id in generic]:
-        s = next((k for k in kept if k.case_id not in generic
-                  and max(_shared_time(k, g, whatif), _shared_time(g, k, whatif)) >= NEST_SHARE), None)  # fmt: skip
-        if s is None:
+PRECEDENCE = {"mechanism": 2, "place": 1, "overhead": 0}
+
+
+def _claims_same(a: Finding, b: Finding, whatif: dict) -> bool:
+    return max(_shared_time(a, b, whatif), _shared_time(b, a, whatif)) >= NEST_SHARE
+
+
+def _by_precedence(kept: list[Finding], explains: dict[str, str], whatif: dict) -> list[Finding]:
+    """Of two findings that claim the same time, the one that says more about it leads (a
+    mechanism before a place, a place before an overhead; ``Case.explains``), taking the
+    other's place in the order, the other listed under it."""
+    def rank(f: Finding) -> int:
+        return PRECEDENCE.get(explains.get(f.case_id, "mechanism"), 2)
+
+    i = 0
+    while i < len(kept):
+        a = kept[i]
+        b = next((k for k in kept[i + 1:] if rank(k) > rank(a) and _claims_same(a, k, whatif)), None)
+        if b is None:
+            i += 1
             continue
-        at = kept.index(g)
-        kept.remove(g)
-        if kept.index(s) > at:
-            kept.remove(s)
-            kept.insert(at, s)
-        s.alternatives.append(g)
-        s.related.append(g.case_id)
+        kept.remove(b)
+        kept[i] = b
+        b.alternatives.append(a)
+        b.related.append(a.case_id)
     return kept
 
 
-def merge_findings(findings: list[Finding], whatif: dict | None = None, generic: set[str] | None = None) -> list[Finding]:
+def merge_findings(findings: list[Finding], whatif: dict | None = None,
+                   explains: dict[str, str] | None = None) -> list[Finding]:
     """Rank by expected gain, then confidence. A finding resting on exactly the same evidence as a
     better one is folded into it (listed under ``related``); one whose replayed events lie mostly
     on the same critical-path time as a better one's (``NEST_SHARE``) is nested in it
@@ -73,8 +84,9 @@ def merge_findings(findings: list[Finding], whatif: dict | None = None, generic:
             by_key[key].related.append(f.case_id)
             continue
         parent = next((k for k in kept if whatif and _shared_time(k, f, whatif) >= NEST_SHARE), None)
-        if parent is not None and generic and parent.case_id in generic and f.case_id not in generic:
-            # the mechanism leads, the generic finding (where the time goes) is listed under it
+        if parent is not None and explains and PRECEDENCE.get(explains.get(f.case_id, "mechanism"), 2) > \
+                PRECEDENCE.get(explains.get(parent.case_id, "mechanism"), 2):
+            # the one that says more about the time leads, the other is listed under it
             kept[kept.index(parent)] = f
             by_key[key] = f
             f.alternatives.append(parent)
@@ -86,8 +98,8 @@ def merge_findings(findings: list[Finding], whatif: dict | None = None, generic:
             continue
         by_key[key] = f
         kept.append(f)
-    if generic and whatif:
-        kept = _lead_specific(kept, generic, whatif)
+    if explains and whatif:
+        kept = _by_precedence(kept, explains, whatif)
     return kept
 
 

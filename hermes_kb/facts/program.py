@@ -82,7 +82,8 @@ class UserFunction(Fact):
     loop_op: str | None = Field(default=None, description="an operator it calls many times a step on many shapes: a Python loop over tensors")
     loop_calls_per_step: float = measure("count", "calls of loop_op a step", default=0.0)
     loop_shapes_count: int = measure("count", "distinct input shapes of those calls", default=0)
-    loop_us: float = us("time of the loop's operators over the analysed steps", default=0.0)
+    loop_us: float = us("time of the looped operators (each called LOOP_CALLS times a step on several shapes) over the "
+                        "analysed steps", default=0.0)
     loop_share_ratio: float = ratio("loop_us / window_us", default=0.0)
 
 

@@ -174,10 +174,12 @@ class Case(BaseModel):
         default=None,
         description="cap for cases that name what bounds the step (an umbrella symptom) rather than a defect",
     )
-    generic: bool = Field(
-        default=False,
-        description="the case names where the time goes (a program phase, a user function) rather than a "
-        "mechanism: where a specific case explains the same time, that one leads and this one is listed under it",
+    explains: Literal["mechanism", "place", "overhead"] = Field(
+        default="mechanism",
+        description="what the case says about the time it claims: a mechanism (what the time is for: I/O, copies, "
+        "collections, a slow kernel), a place (where in the program it goes: a user function) or an overhead (how "
+        "the host executes it: operator dispatch, Python between operators, launches). Where two findings claim "
+        "the same critical-path time, a mechanism leads a place, and a place leads an overhead",
     )
     explanation: str = Field(description="jinja2 template over the bindings, e.g. {{ d.wait_us | ms }}")
     not_recorded: str | None = Field(
