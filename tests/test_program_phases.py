@@ -93,6 +93,20 @@ def test_phases_without_stacks_by_hand(tmp_path):
     assert "sequence_numbers" in p.sources and not p.has_stacks and p.top_function is None
 
 
+def test_a_new_epochs_iterator_is_data(tmp_path):
+    """The DataLoader's own __iter__ frame (a new epoch starting its workers, outside the
+    __next__ annotation) is data, not the user's code: [100,115) of the first step's step() here
+    (ProfilerStep#1, step 1)."""
+    ev = [X("python_function", "train.py(10): main", 0, 2 * STEP)] + _step(0) + _step(1)
+    ev.append(X("python_function", "torch/utils/data/dataloader.py(492): __iter__", 100, 15))
+    ev.append(X("python_function", "torch/utils/data/dataloader.py(1233): _reset", 101, 13))
+    bundle = hermes_kb.load(str(write_trace(tmp_path / "t.json", ev)))
+    _, facts = analyze_rank(bundle[bundle.rank_ids[0]])
+    p = _phases(facts, 1)
+    assert p.data_us == pytest.approx(115.0) and p.user_code_us == pytest.approx(345.0)
+    assert "dataloader_frames" in p.sources
+
+
 def test_a_loop_over_tensors_is_found_and_priced(tmp_path):
     facts = _facts(tmp_path, loop=True)
     f = next(f for f in facts if f.kind == "user_function" and f.function == "train.py(60): ema_update")
@@ -123,3 +137,40 @@ def test_the_phases_add_up_to_the_step_on_the_zoo(run):
             total = sum(s.phases_us.values())
             captured = s.breakdown_us and sum(s.breakdown_us.values())
             assert total == pytest.approx(captured or total, rel=1e-3), (run, s.rank, s.phases_us, s.breakdown_us)
+
+
+def _finding(case_id: str, target: str, mid: float):
+    from hermes_kb.advisor.report import Finding, Removable, Speedup
+
+    return Finding(case_id=case_id, title=case_id, category="cpu", cause="c", severity="high", confidence=0.9,
+                   expected_speedup=Speedup(low=mid - 0.1, high=mid + 0.1), time_at_stake_us=100.0,
+                   step_time_us=1000.0, share_of_step_ratio=0.1, removable_us=Removable(low=50.0, high=100.0),
+                   whatif_target=target, assumption="", ranks=[0], steps=[], evidence=[], optimizations=[],
+                   explanation="", references=[])  # fmt: skip
+
+
+def test_what_a_finding_explains_orders_findings_on_the_same_time():
+    """A mechanism leads a place, a place leads an overhead, when the leader's events hold most of
+    the other's critical-path time; otherwise the usual order (what the fix removes) stands."""
+    from hermes_kb.advisor.ranking import merge_findings
+
+    # critical time per set on rank 0, and what each set shares with the others (µs)
+    whatif = {
+        (0, "user_function"): {"critical_us": 400.0, "critical_overlaps_us": {"tiny_ops": 300.0, "python_io": 200.0}},
+        (0, "tiny_ops"): {"critical_us": 350.0, "critical_overlaps_us": {"user_function": 300.0, "optimizer": 100.0}},
+        (0, "python_io"): {"critical_us": 210.0, "critical_overlaps_us": {"user_function": 200.0}},
+        (0, "optimizer"): {"critical_us": 100.0, "critical_overlaps_us": {"tiny_ops": 100.0}},
+    }
+    explains = {"C-PROG-001": "place", "C-CPU-026": "overhead", "C-CPU-019": "mechanism", "C-CPU-038": "mechanism"}
+    # the overhead finding gains more, but the function holds 300 of its 350 µs: the place leads
+    kept = merge_findings([_finding("C-CPU-026", "tiny_ops", 2.0), _finding("C-PROG-001", "user_function", 1.5)],
+                          whatif, explains)  # fmt: skip
+    assert [f.case_id for f in kept] == ["C-PROG-001"] and [a.case_id for a in kept[0].alternatives] == ["C-CPU-026"]
+    # a mechanism holding 200 of the function's 400 µs (50%) leads it
+    kept = merge_findings([_finding("C-PROG-001", "user_function", 2.0), _finding("C-CPU-019", "python_io", 1.5)],
+                          whatif, explains)  # fmt: skip
+    assert [f.case_id for f in kept] == ["C-CPU-019"] and kept[0].alternatives[0].case_id == "C-PROG-001"
+    # a mechanism holding only 100 of the overhead's 350 µs does not speak for it: the overhead leads
+    kept = merge_findings([_finding("C-CPU-026", "tiny_ops", 2.0), _finding("C-CPU-038", "optimizer", 1.5)],
+                          whatif, explains)  # fmt: skip
+    assert [f.case_id for f in kept] == ["C-CPU-026"] and kept[0].alternatives[0].case_id == "C-CPU-038"

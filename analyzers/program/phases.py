@@ -4,7 +4,8 @@
 The component breakdown (timeline/breakdown.py) says which part of the machine holds the step;
 this says which part of the user's program does. On the training thread, per step window:
 
-* data: DataLoader ``__next__`` annotations;
+* data: DataLoader ``__next__`` annotations and, with Python stacks, the DataLoader's own
+  ``__iter__`` / ``__next__`` frames (a new epoch's iterator starts its workers there);
 * optimizer: ``Optimizer.step#`` / ``Optimizer.zero_grad#`` annotations;
 * backward: ``torch/_tensor.py: backward`` frames (Python stacks), the autograd engine's
   ``evaluate_function`` operators on this thread, and, where the engine runs on its own threads
@@ -41,6 +42,7 @@ from ..selection import main_tid, name_mask
 BACKWARD_FRAME = re.compile(r"^torch/(?:_tensor\.py|autograd/__init__\.py)\(\d+\): backward$")
 MODULE_FRAME = re.compile(r"^torch/nn/modules/module\.py\(\d+\): _(?:wrapped_)?call_impl$")
 MODULE_ANNOTATION = re.compile(r"^nn\.Module: ")
+DATALOADER_FRAME = re.compile(r"^torch/utils/data/dataloader\.py\(\d+\): (?:__iter__|__next__)$")
 # the autograd engine's work: evaluate_function wrappers (PyTorch 1.10+), or before them the
 # backward functions and AccumulateGrad themselves at top level
 BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function: |Backward\d*$|^torch::autograd::AccumulateGrad$")
@@ -101,6 +103,12 @@ def thread_view(trace: RankTrace, windows) -> ThreadView | None:
             sources.append(name)
     p_on = _on(py, tid)
     has_stacks = bool(p_on.any())
+    if has_stacks:
+        frames = _union(py, p_on & name_mask(py["name"], DATALOADER_FRAME))
+        if len(frames[0]):
+            spans["data"] = iv.union(np.concatenate([spans["data"][0], frames[0]]),
+                                     np.concatenate([spans["data"][1], frames[1]]))
+            sources.append("dataloader_frames")
     top = (ops["depth"].to_numpy() == 0) & _on(ops, tid) if len(ops) else np.zeros(0, dtype=bool)
     names = ops["name"] if len(ops) else pd.Series([], dtype=object)
     bwd_op = name_mask(names, BACKWARD_OP) if len(ops) else np.zeros(0, dtype=bool)

@@ -29,6 +29,9 @@ import common  # noqa: E402
 from common import Label, Run  # noqa: E402
 
 WIDTH, BLOCKS, BATCH, DECAY = 64, 48, 32, 0.999
+# verify_secondary.py --check compile_mlp sets this True: the model's forward and backward run
+# through torch.compile (the recordings keep it False)
+COMPILE_MODEL = False
 
 
 def make_run(variant: str) -> Run:
@@ -52,6 +55,7 @@ def make_run(variant: str) -> Run:
     gen = torch.Generator().manual_seed(1)
     data = [(torch.randn(BATCH, WIDTH, generator=gen), torch.randint(0, 10, (BATCH,), generator=gen)) for _ in range(8)]
     loss_fn = nn.CrossEntropyLoss()
+    forward = torch.compile(model) if COMPILE_MODEL else model
 
     ema_model = copy.deepcopy(model)
     ema = list(ema_model.parameters())
@@ -68,7 +72,7 @@ def make_run(variant: str) -> Run:
     def step(i: int) -> None:
         x, y = data[i % len(data)]
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
+        loss = loss_fn(forward(x), y)
         loss.backward()
         opt.step()
         update_ema()

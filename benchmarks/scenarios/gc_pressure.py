@@ -55,6 +55,9 @@ HIDDEN = 3072
 KIDS = tuple(range(NODES))
 BAD_THRESHOLD = (100, 5, 5)
 FIXED_THRESHOLD = (50_000, 20, 20)
+# verify_secondary.py --check parse_off_step sets this False: the labels come parsed (as from
+# DataLoader workers), so the step no longer parses (the recordings keep it True)
+PARSE_IN_STEP = True
 
 torch.set_num_threads(1)
 
@@ -102,6 +105,7 @@ def make_run(variant: str) -> Run:
     features = torch.randn(4096, FEATURES, generator=g)
     order = torch.randperm(MANIFEST, generator=g)[: 64 * BATCH].tolist()
     state: dict = {}
+    parsed = None if PARSE_IN_STEP else [parse_batch(manifest, order[j * BATCH : (j + 1) * BATCH]) for j in range(64)]
 
     def setup() -> None:
         state["threshold"] = gc.get_threshold()
@@ -115,7 +119,7 @@ def make_run(variant: str) -> Run:
     def step(i: int) -> None:
         j = i % 64
         idx = order[j * BATCH : (j + 1) * BATCH]
-        y = torch.tensor(parse_batch(manifest, idx))
+        y = torch.tensor(parse_batch(manifest, idx) if parsed is None else parsed[j])
         x = features[torch.tensor(idx) % 4096]
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)

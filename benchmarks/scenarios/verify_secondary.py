@@ -18,6 +18,10 @@ Checks (``--check``):
                    allocation churn" fix; the twin already has the first one, freeze + thresholds).
   augment_off_step C-PROG-001 (augment_in_step): the twin's batches arrive augmented, as DataLoader
                    workers would hand them over, so the step no longer augments at all.
+  parse_off_step   C-PROG-001 (gc_pressure): the twin's labels arrive parsed, as DataLoader workers
+                   would hand them over, so the step no longer runs parse_batch.
+  compile_mlp      C-CPU-026 (ema_per_tensor): the twin's deep narrow MLP runs through torch.compile
+                   (Inductor's generated C++ loops instead of hundreds of small operator calls).
   compile_model    C-COMP-003 (GPU conv nets: gpu_cudnn_benchmark, gpu_conv_nchw, gpu_cudnn_multiscale): the
                    scenario's ``resnet()`` wrapped in torch.compile.
   keep_memory      C-MON-012: glibc's mmap and trim thresholds raised (MALLOC_MMAP_THRESHOLD_,
@@ -91,6 +95,10 @@ CHECKS: dict[str, tuple[str, str, Callable]] = {
                       "residual-add chains)", _patch_compile),
     "augment_off_step": ("C-PROG-001", "the batches arrive augmented (as DataLoader workers would give them): no "
                          "augmentation in the training step", lambda mod, torch: _patch_attr(mod, "AUGMENT_IN_STEP", False)),
+    "parse_off_step": ("C-PROG-001", "the labels arrive parsed (as DataLoader workers would give them): no "
+                       "parse_batch in the training step", lambda mod, torch: _patch_attr(mod, "PARSE_IN_STEP", False)),
+    "compile_mlp": ("C-CPU-026", "the MLP's forward and backward through torch.compile (Inductor's C++ loops instead of "
+                    "one operator call per small tensor)", lambda mod, torch: _patch_attr(mod, "COMPILE_MODEL", True)),
     "acyclic_parse": ("C-CPU-011", "parse_batch without parent back-references (no reference cycles for the "
                       "collector to find)", lambda mod, torch: _patch_attr(mod, "parse_batch", functools.partial(mod.parse_batch, back_refs=False))),
 }  # fmt: skip

@@ -44,28 +44,34 @@ def _shared_time(a: Finding, b: Finding, whatif: dict) -> float:
 PRECEDENCE = {"mechanism": 2, "place": 1, "overhead": 0}
 
 
-def _claims_same(a: Finding, b: Finding, whatif: dict) -> bool:
-    return max(_shared_time(a, b, whatif), _shared_time(b, a, whatif)) >= NEST_SHARE
+def _explains_most_of(b: Finding, a: Finding, whatif: dict) -> bool:
+    """b's events hold most of the critical-path time a claims (b can speak for a's time)."""
+    return _shared_time(b, a, whatif) >= NEST_SHARE
+
+
+def _nest(parent: Finding, child: Finding, whatif: dict) -> None:
+    parent.alternatives.append(child)
+    parent.related.append(child.case_id)
+    child.within = not _explains_most_of(child, parent, whatif)
 
 
 def _by_precedence(kept: list[Finding], explains: dict[str, str], whatif: dict) -> list[Finding]:
-    """Of two findings that claim the same time, the one that says more about it leads (a
-    mechanism before a place, a place before an overhead; ``Case.explains``), taking the
-    other's place in the order, the other listed under it."""
+    """Of two findings, one that says more about the time (a mechanism before a place, a place
+    before an overhead; ``Case.explains``) and holds most of the time the other claims takes
+    the other's place in the order, the other listed under it."""
     def rank(f: Finding) -> int:
         return PRECEDENCE.get(explains.get(f.case_id, "mechanism"), 2)
 
     i = 0
     while i < len(kept):
         a = kept[i]
-        b = next((k for k in kept[i + 1:] if rank(k) > rank(a) and _claims_same(a, k, whatif)), None)
+        b = next((k for k in kept[i + 1:] if rank(k) > rank(a) and _explains_most_of(k, a, whatif)), None)
         if b is None:
             i += 1
             continue
         kept.remove(b)
         kept[i] = b
-        b.alternatives.append(a)
-        b.related.append(a.case_id)
+        _nest(b, a, whatif)
     return kept
 
 
@@ -74,7 +80,8 @@ def merge_findings(findings: list[Finding], whatif: dict | None = None,
     """Rank by expected gain, then confidence. A finding resting on exactly the same evidence as a
     better one is folded into it (listed under ``related``); one whose replayed events lie mostly
     on the same critical-path time as a better one's (``NEST_SHARE``) is nested in it
-    (``alternatives``): two explanations of one stretch of time, not two gains to add."""
+    (``alternatives``): two explanations of one stretch of time, or a narrower fix inside it
+    (``within``: its own events hold less than half of the other's time), not two gains to add."""
     ranked = sorted(findings, key=_rank_key)
     kept: list[Finding] = []
     by_key: dict[tuple, Finding] = {}
@@ -85,16 +92,14 @@ def merge_findings(findings: list[Finding], whatif: dict | None = None,
             continue
         parent = next((k for k in kept if whatif and _shared_time(k, f, whatif) >= NEST_SHARE), None)
         if parent is not None and explains and PRECEDENCE.get(explains.get(f.case_id, "mechanism"), 2) > \
-                PRECEDENCE.get(explains.get(parent.case_id, "mechanism"), 2):
+                PRECEDENCE.get(explains.get(parent.case_id, "mechanism"), 2) and _explains_most_of(f, parent, whatif):
             # the one that says more about the time leads, the other is listed under it
             kept[kept.index(parent)] = f
             by_key[key] = f
-            f.alternatives.append(parent)
-            f.related.append(parent.case_id)
+            _nest(f, parent, whatif)
             continue
         if parent is not None:
-            parent.alternatives.append(f)
-            parent.related.append(f.case_id)
+            _nest(parent, f, whatif)
             continue
         by_key[key] = f
         kept.append(f)

@@ -74,6 +74,10 @@ class Finding(BaseModel):
         description="findings whose fix acts mostly on the same critical-path time as this one: other explanations "
         "or narrower fixes of the same time, not gains to add to this one",
     )
+    within: bool = Field(
+        default=False,
+        description="listed under another finding whose events hold most of this one's time while this one's hold "
+        "less than half of that finding's: a narrower fix inside it, not another explanation of all of it")
 
 
 class CombinedGain(BaseModel):

@@ -178,8 +178,9 @@ class Case(BaseModel):
         default="mechanism",
         description="what the case says about the time it claims: a mechanism (what the time is for: I/O, copies, "
         "collections, a slow kernel), a place (where in the program it goes: a user function) or an overhead (how "
-        "the host executes it: operator dispatch, Python between operators, launches). Where two findings claim "
-        "the same critical-path time, a mechanism leads a place, and a place leads an overhead",
+        "the host executes it: operator dispatch, Python between operators, launches). Where one finding's events "
+        "hold most of the critical-path time another claims and it explains more (mechanism, then place, then "
+        "overhead), it leads and the other is listed under it",
     )
     explanation: str = Field(description="jinja2 template over the bindings, e.g. {{ d.wait_us | ms }}")
     not_recorded: str | None = Field(
