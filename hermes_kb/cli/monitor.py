@@ -22,9 +22,14 @@ def monitor_profile(
 ) -> None:
     """Ask every rank of a running job to capture the next STEPS steps with torch.profiler."""
     from ..core.errors import InputNotFoundError, UsageError
-    from ..monitor.capture import write_request
+    from ..monitor.capture import max_capture_steps, write_request
     from ..monitor.logs import status
 
+    cap = max_capture_steps()
+    if steps > cap:  # a capture holds every event in the training process until it ends
+        fail(UsageError(f"--steps {steps} is over the {cap}-step cap on a capture (it holds the profiler's events in "
+                        "the training process until it ends); set HERMES_MAX_CAPTURE_STEPS, in the job's "
+                        "environment too, to raise it"))  # fmt: skip
     if not run_dir.is_dir():
         fail(InputNotFoundError("no such directory", str(run_dir)))
     rows = status(run_dir)

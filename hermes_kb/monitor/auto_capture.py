@@ -62,7 +62,13 @@ class AutoCaptures:
         cap = self.capturer
         if capturing:
             self._captured_walls.append((i, wall))
-        finished = cap.at_step_boundary(i)
+        try:
+            finished = cap.at_step_boundary(i)
+        except Exception as exc:  # the monitor never raises into training: the capture is dropped
+            self.trigger_errors += 1
+            cap.active, cap.pending = None, None
+            self._note({"type": "capture_failed", "step": i, "reason": f"{type(exc).__name__}: {exc}"[:300]})
+            return
         if cap.active is not None and not capturing:  # started at this boundary
             self._skip_until = max(self._skip_until, i + cap.active[2] + 1)
             self._captured_walls = []

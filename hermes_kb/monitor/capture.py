@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -24,7 +25,43 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .safe_read import inside, read_small_json
+
 REQUEST = "profile.request"
+# the longest capture the monitor runs (steps): a capture holds the profiler's events in the
+# training process until it ends; HERMES_MAX_CAPTURE_STEPS or Monitor(max_capture_steps=...) raises it
+MAX_CAPTURE_STEPS = 100
+SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # a request id becomes part of a file name
+
+
+def max_capture_steps(given: int | None = None) -> int:
+    """The cap on a capture's length: ``given``, else HERMES_MAX_CAPTURE_STEPS, else MAX_CAPTURE_STEPS."""
+    if given is not None:
+        return max(1, int(given))
+    env = os.environ.get("HERMES_MAX_CAPTURE_STEPS", "")
+    return int(env) if env.isdigit() and 0 < int(env) <= 1_000_000 else MAX_CAPTURE_STEPS
+
+
+def valid_request(req: Any, max_steps: int) -> tuple[dict | None, str | None]:
+    """A capture request as the monitor runs it, or (None, why not): a mapping with an ``id``
+    (letters, digits, ``_``, ``-``, at most 64) and a whole number of ``steps`` from 1 to
+    ``max_steps``; ``start_after`` a whole number when given; ``reason`` text."""
+    if not isinstance(req, dict):
+        return None, "not a JSON object"
+    rid = req.get("id")
+    if not isinstance(rid, str) or not SAFE_ID.match(rid):
+        return None, "its id is missing or not letters, digits, '_' and '-' (at most 64)"
+    steps = req.get("steps", 3)
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= max_steps:
+        return None, f"steps must be a whole number from 1 to {max_steps} (HERMES_MAX_CAPTURE_STEPS raises the cap)"
+    after = req.get("start_after")
+    if after is not None and (isinstance(after, bool) or not isinstance(after, int)):
+        return None, "start_after must be a whole number"
+    out = {"id": rid, "steps": steps, "reason": str(req.get("reason", ""))[:200]}
+    for k in ("start_after", "time", "auto", "kind", "trigger"):
+        if k in req and (k != "time" or isinstance(req[k], (int, float))):
+            out[k] = req[k] if k != "trigger" else str(req[k])[:200]
+    return out, None
 
 
 def write_request(run_dir: str | os.PathLike, steps: int, reason: str = "user") -> dict:
@@ -61,7 +98,8 @@ class Capturer:
 
     def __init__(self, run_dir: Path, rank: int, *, poll_s: float = 1.0, budget_per_hour: int = 2,
                  profiler_factory: Callable[[], Any] | None = None, watch: bool = True,
-                 on_finish: Callable[[Any, dict], None] | None = None):  # fmt: skip
+                 on_finish: Callable[[Any, dict], None] | None = None,
+                 on_refused: Callable[[str], None] | None = None, max_steps: int | None = None):  # fmt: skip
         self.run_dir = run_dir
         self.rank = rank
         self.poll_s = poll_s
@@ -75,6 +113,8 @@ class Capturer:
         self._rf: Any = None  # its class
         self.watch = watch  # False: the owner calls _check() from its own thread
         self.on_finish = on_finish
+        self.on_refused = on_refused  # told why a request was not run (a note in the rank's log)
+        self.max_steps = max_capture_steps(max_steps)
         self.done: list[dict] = []
         self._seen: set[str] = set()
         self._auto_times: deque[float] = deque()
@@ -101,20 +141,31 @@ class Capturer:
             self._check()
 
     def _check(self) -> None:
+        """Pick up a new request. Whatever is in the file (a FIFO, a device, a huge or malformed
+        request), this never blocks and never raises: a request it cannot run is refused with a
+        note, and training goes on."""
         path = self.run_dir / REQUEST
         try:
-            mtime = path.stat().st_mtime
+            st = path.lstat()
         except OSError:
             return
-        if mtime == self._mtime:
+        if st.st_mtime == self._mtime:
             return
-        self._mtime = mtime
-        try:
-            req = json.loads(path.read_text())
-        except (OSError, ValueError):
+        self._mtime = st.st_mtime
+        raw, problem = read_small_json(path)
+        req, invalid = valid_request(raw, self.max_steps) if problem is None else (None, problem)
+        if req is None:
+            self._refuse(f"{REQUEST} ignored: {invalid}")
             return
-        if req.get("id") not in self._seen and (self.pending is None or self.pending.get("auto")):
+        if req["id"] not in self._seen and (self.pending is None or self.pending.get("auto")):
             self.pending = req  # a person's request goes before a planned automatic one
+
+    def _refuse(self, why: str) -> None:
+        if self.on_refused is not None:
+            try:
+                self.on_refused(why)
+            except Exception:  # never the training's problem
+                pass
 
     def auto_request(self, reason: str) -> bool:
         """Ask for a capture from inside the job (a fluctuation), within the hourly budget."""
@@ -176,7 +227,7 @@ class Capturer:
             info = {"id": req["id"], "error": f"{type(exc).__name__}: {exc}", "reason": req.get("reason")}
             self.done.append(info)
             return info
-        self.active = (prof, req, max(1, int(req.get("steps", 3))))
+        self.active = (prof, req, max(1, min(int(req.get("steps", 3)), self.max_steps)))
         self.first_step = step + 1 if step is not None else None
         self._mark_step(self.first_step)
         return None
@@ -211,7 +262,7 @@ class Capturer:
     def _finish(self) -> dict:
         prof, req, _ = self.active
         self.active = None
-        out = self.run_dir / f"rank{self.rank}.capture{req['id']}.json.gz"
+        out = inside(self.run_dir, f"rank{self.rank}.capture{req['id']}.json.gz")  # ids are checked: a name here
         info: dict[str, Any] = {"id": req["id"], "reason": req.get("reason"), "steps": req.get("steps")}
         if self.first_step is not None:
             info["first_step"] = self.first_step
@@ -222,6 +273,8 @@ class Capturer:
         self._mark_step(None)
         try:
             prof.__exit__(None, None, None)
+            if out is None:
+                raise ValueError(f"capture id {req['id']!r} is not a file name")
             if self.on_finish is not None:
                 try:
                     self.on_finish(prof, info)

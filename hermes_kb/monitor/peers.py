@@ -27,9 +27,9 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from .domains import safe_name
+from .safe_read import read_small_json
 
 SYNC_TOL = 0.05
 STALE = 3.0  # a summary older than this many intervals is a rank that stopped
@@ -48,10 +48,9 @@ def _write(path: Path, rec: dict) -> None:
 
 
 def _read(path: Path) -> dict | None:
-    try:
-        rec = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+    """A peer's summary or a domain verdict: a small regular file of JSON, else None (a FIFO, a
+    device, a huge file or garbage in the board never blocks or bloats the training process)."""
+    rec, _ = read_small_json(path)
     return rec if isinstance(rec, dict) else None
 
 

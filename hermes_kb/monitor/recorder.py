@@ -90,6 +90,7 @@ class Monitor(AutoCaptures, MfuCounting, ResourceSampling, RankLogWriter):
         comm: bool = True,
         flops: bool | str = "auto",
         triggers: bool = True,
+        max_capture_steps: int | None = None,
     ):
         """``domains``: names of the communication domains (process groups) this rank synchronises
         in, e.g. ``["dp0", "tp3"]``; once torch.distributed is initialised its process groups are
@@ -97,6 +98,9 @@ class Monitor(AutoCaptures, MfuCounting, ResourceSampling, RankLogWriter):
         processes (0 disables). ``device_events``: an event factory for device step times; None
         uses CUDA events once torch has initialised CUDA, False never. ``sample_every``: take the
         resource sample every N steps; by default (None) about every ``sample_s`` seconds.
+        ``max_capture_steps``: the longest capture a request may ask for (default 100, or
+        HERMES_MAX_CAPTURE_STEPS); longer, malformed or unreadable requests are refused with a
+        note in ``rank<R>.monitor.jsonl`` and training goes on.
 
         Automatic captures (docs/monitor.md): ``triggers`` watches the steps after ``warmup``
         ("auto": detected from the step times, or a number of steps; at most
@@ -134,7 +138,8 @@ class Monitor(AutoCaptures, MfuCounting, ResourceSampling, RankLogWriter):
         self._init_sampling(procs_every_s, device_events)
         self.capturer = (
             Capturer(self.run_dir, self.rank, poll_s=poll_s, budget_per_hour=captures_per_hour,
-                     profiler_factory=profiler_factory, watch=False, on_finish=self._capture_finished)
+                     profiler_factory=profiler_factory, watch=False, on_finish=self._capture_finished,
+                     on_refused=self._request_refused, max_steps=max_capture_steps)
             if capture else None
         )  # fmt: skip
         self.poll_s = poll_s
@@ -149,6 +154,11 @@ class Monitor(AutoCaptures, MfuCounting, ResourceSampling, RankLogWriter):
         self._init_flops(flops, flops_per_step)
 
     # -- lifecycle
+    def _request_refused(self, why: str) -> None:
+        """A capture request the monitor would not run (malformed, too long, not a regular file):
+        a note in the rank's log, never an exception in the training loop."""
+        self._note({"type": "request_refused", "reason": why})
+
     def __enter__(self) -> Monitor:
         self.start()
         return self
