@@ -260,6 +260,35 @@ def test_damaged_optional_file_is_reported_and_the_rest_loads(tmp_path):
     assert any("communication.json" in w for w in t.warnings)
 
 
+def test_links_out_of_the_directory_are_not_read(tmp_path):
+    """A received profiler directory whose csv links to a secrets file: not read, a warning names
+    the link, and nothing of the secret's text reaches a message (issue 37)."""
+    secret = tmp_path / "secrets.csv"
+    secret.write_text("aws_secret_access_key,token\nAKIAXXXX,hunter2\n")
+    kd = KD_HEADER + "\n3,7,1,10,2,MatMul1,MatMulV2,static,AI_CORE,1000.5,10.25,0,20,FLOAT16,0.9,0.1\n"
+    root = _rank(tmp_path, "rank0_ascend_pt", {"kernel_details.csv": kd})
+    (root / "ASCEND_PROFILER_OUTPUT" / "op_statistic.csv").symlink_to(secret)
+    (root / "ASCEND_PROFILER_OUTPUT" / "step_trace_time.csv").symlink_to("/proc/self/environ")
+    t = hermes_kb.load(root)[0]
+    assert len(t.kernels) == 1
+    text = " ".join(t.warnings)
+    assert "op_statistic.csv: not read: a link out of the profiler directory" in text
+    assert "step_trace_time.csv" in text
+    assert "aws_secret" not in text and "hunter2" not in text
+    # a link inside the directory is an ordinary file
+    inner = _rank(tmp_path, "rank1_ascend_pt", {"real.csv": kd})
+    (inner / "ASCEND_PROFILER_OUTPUT" / "kernel_details.csv").symlink_to(inner / "ASCEND_PROFILER_OUTPUT" / "real.csv")
+    assert len(hermes_kb.load(inner)[1].kernels) == 1
+
+
+def test_a_missing_column_error_does_not_echo_the_header(tmp_path):
+    root = _rank(tmp_path, "rank0_ascend_pt", {"kernel_details.csv": "aws_secret_access_key,token\nAKIA,x\n"})
+    with pytest.raises(HermesError) as exc:
+        hermes_kb.load(root)
+    msg = str(exc.value)
+    assert "kernel_details.csv" in msg and "2 column(s)" in msg and "aws_secret" not in msg and "\n" not in msg
+
+
 @needs_ascend
 def test_damaged_rank_among_good_ones_is_skipped(tmp_path):
     for name in ("rank0_ascend_pt", "rank1_ascend_pt"):

@@ -84,7 +84,7 @@ def read_profiler_db(path: Path, meta_a: AscendMeta, warnings: list[str]):
 
 def parse_ascend_db(af: AscendFiles):
     """One rank of the db export (``ascend_pytorch_profiler_*.db`` and / or ``analysis.db``)."""
-    warnings: list[str] = []
+    warnings: list[str] = [f"{af.output / n}: not read: a link out of the profiler directory" for n in af.refused]
     meta_a = read_meta(af)
     warnings += meta_a.warnings
     tl = kd = mem = None

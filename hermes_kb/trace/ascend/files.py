@@ -42,6 +42,7 @@ class AscendFiles:
     analysis_db: Path | None = None
     info: Path | None = None  # profiler_info*.json
     metadata: Path | None = None  # profiler_metadata.json
+    refused: list[str] = field(default_factory=list)  # names that link out of the directory: not read
 
     def has_any(self) -> bool:
         return bool(self.files) or self.db is not None or self.analysis_db is not None
@@ -57,23 +58,42 @@ class AscendFiles:
         return as_rank(m.group(1)) if m else None
 
 
+def _stays_inside(p: Path, root: Path) -> bool:
+    """``p`` is a regular file whose real path lies under ``root``'s: a link out of the
+    directory (to /proc/self/environ, a secrets file, another job's output) is never read."""
+    try:
+        real, base = p.resolve(strict=True), root.resolve(strict=True)
+    except (OSError, RuntimeError):
+        return False
+    return real.is_file() and (real == base or base in real.parents)
+
+
 def _scan(root: Path, output: Path) -> AscendFiles:
     af = AscendFiles(root=root, output=output)
+
+    def take(p: Path) -> bool:
+        if not p.is_file():  # only regular files (a FIFO, a directory or a dangling link is not read)
+            return False
+        if not _stays_inside(p, root):
+            af.refused.append(p.name)
+            return False
+        return True
+
     for name in TEXT_FILES:
         p = output / name
-        if p.is_file():
+        if take(p):
             af.files[name] = p
     for p in sorted(output.glob("*.db")) if output.is_dir() else []:
-        if not p.is_file():  # only regular files (a FIFO, a directory or a dangling link is not a database)
+        if not (_DB_RE.match(p.name) or p.name == "analysis.db") or not take(p):
             continue
         if _DB_RE.match(p.name):
             af.db = p
-        elif p.name == "analysis.db":
+        else:
             af.analysis_db = p
-    infos = sorted(root.glob("profiler_info*.json"))
+    infos = [p for p in sorted(root.glob("profiler_info*.json")) if take(p)]
     af.info = infos[0] if infos else None
     meta = root / "profiler_metadata.json"
-    af.metadata = meta if meta.is_file() else None
+    af.metadata = meta if take(meta) else None
     return af
 
 
@@ -170,7 +190,9 @@ def ints(s: pd.Series, default: int = -1) -> np.ndarray:
 def require(df: pd.DataFrame, cols: tuple[str, ...], path: Path) -> None:
     missing = [c for c in cols if c not in df.columns]
     if missing:
-        raise BadTraceError(f"missing column(s) {', '.join(missing)} (found: {', '.join(df.columns[:12])})", str(path))
+        # the header's text is not echoed: a file received from someone else may be anything
+        raise BadTraceError(f"missing column(s) {', '.join(missing)} (the header has {len(df.columns)} column(s) "
+                            "of other names)", str(path))  # fmt: skip
 
 
 # ---- metadata --------------------------------------------------------------------------------

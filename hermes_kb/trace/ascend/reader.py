@@ -38,7 +38,7 @@ def parse_ascend(af: AscendFiles) -> tuple[RankTrace, float]:
         from .db import parse_ascend_db  # the sqlite export, when it is all there is
 
         return parse_ascend_db(af)
-    warnings: list[str] = []
+    warnings: list[str] = [f"{af.output / n}: not read: a link out of the profiler directory" for n in af.refused]
     meta_a = read_meta(af)
     warnings += meta_a.warnings
     tl = read_timeline(af.files["trace_view.json"]) if "trace_view.json" in af.files else None
