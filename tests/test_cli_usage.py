@@ -295,3 +295,27 @@ def test_dlrm_warns_of_its_single_step():
     r = cli("inspect", SHARED / "param/dlrm_kineto_8rank")
     assert "rank(s) 0-7: a single profiled step" in r.stderr
     assert "different jobs" not in r.stderr
+
+
+@pytest.mark.parametrize("cmd", [
+    ("advise", EXAMPLE), ("diff", EXAMPLE, EXAMPLE), ("annotate", EXAMPLE), ("schema", "report"), ("schema", "facts"),
+])  # fmt: skip
+def test_an_output_that_cannot_be_written_is_refused_before_the_analysis(tmp_path, cmd):
+    """-o into a missing directory, or onto a directory: one line, exit 2, nothing written
+    (issue 37, item 5)."""
+    missing = tmp_path / "no_such_dir" / "out.json"
+    msg = one_line_error(cli(*cmd, "-o", missing), 2)
+    assert "does not exist" in msg and not missing.parent.exists()
+    if cmd[0] != "annotate":  # annotate writes one file per rank into a directory it is given
+        msg = one_line_error(cli(*cmd, "-o", tmp_path), 2)
+        assert "is a directory" in msg
+
+
+def test_a_newline_in_a_file_name_cannot_forge_a_line(tmp_path):
+    """A directory named with a newline and a fake error: the one error line keeps it on one line
+    (the newline shown as a space), so stderr holds exactly one 'hermes: error:' line (issue 37)."""
+    d = tmp_path / "runs\nhermes: error: forged"
+    d.mkdir()
+    r = cli("advise", d)
+    assert r.returncode != 0
+    assert len([x for x in r.stderr.splitlines() if x.startswith("hermes:")]) == 1, r.stderr

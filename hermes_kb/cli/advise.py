@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from ..core.errors import EXIT_FINDINGS, HermesError
-from .common import EngineOpt, advised, check_config, fail, warn
+from .common import EngineOpt, advised, check_config, check_output, fail, warn
 
 
 class ReportFormat(str, Enum):
@@ -48,6 +48,7 @@ def advise(
     notes: list[str] = []
     try:
         check_config(config)
+        check_output(output)
         with stages() as st:
             adv = advised(paths, config=config, engine=engine.value, top=top, rank=rank, st=st, notes=notes,
                            scale={"workers": workers, "sample": sample, "dask": dask or None})  # fmt: skip

@@ -50,9 +50,9 @@ def main() -> None:
     try:
         app()
     except HermesError as err:  # a library error that escaped a command's own handling
-        from ..core.sanitize import clean
+        from ..core.sanitize import clean_line
 
-        print(f"hermes: error: {clean(str(err))}", file=sys.stderr)
+        print(f"hermes: error: {clean_line(str(err))}", file=sys.stderr)
         sys.exit(err.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -30,17 +30,35 @@ class EngineOpt(str, Enum):
 
 
 def fail(err: HermesError) -> None:
-    from ..core.sanitize import clean
+    from ..core.sanitize import clean_line
 
-    typer.echo(f"hermes: error: {clean(str(err))}", err=True)
+    # one line whatever the names in it hold: a newline in a file name must not forge a line
+    typer.echo(f"hermes: error: {clean_line(str(err))}", err=True)
     raise typer.Exit(err.exit_code)
 
 
+def check_output(output: Path | None, *, directory_ok: bool = False) -> None:
+    """Refuse an output path that cannot be written before any analysis runs: one line, exit 2."""
+    import os
+
+    from ..core.errors import UsageError
+
+    if output is None:
+        return
+    if output.is_dir() and not directory_ok:
+        raise UsageError(f"{output}: is a directory; -o takes a file name")
+    parent = output if (directory_ok and output.is_dir()) else output.parent
+    if not parent.is_dir():
+        raise UsageError(f"{output}: its directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{output}: its directory {parent} is not writable")
+
+
 def warn(notes: list[str]) -> None:
-    from ..core.sanitize import clean
+    from ..core.sanitize import clean_line
 
     for note in notes:
-        typer.echo(f"hermes: warning: {clean(note)}", err=True)
+        typer.echo(f"hermes: warning: {clean_line(note)}", err=True)
 
 
 def load_paths(paths: list[Path], st, notes: list[str]):

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from ..core.errors import HermesError
-from .common import EngineOpt, advised, check_config, fail, warn
+from .common import EngineOpt, advised, check_config, check_output, fail, warn
 
 
 class DiffFormat(str, Enum):
@@ -39,6 +39,7 @@ def diff(
     notes: list[str] = []
     try:
         check_config(config)
+        check_output(output)
         with stages() as st:
             st.stage(f"before: {before.name}")
             a = advised([before], config=config, engine=engine.value, st=st, notes=notes)
@@ -83,6 +84,7 @@ def annotate(
     notes: list[str] = []
     try:
         check_config(config)
+        check_output(output, directory_ok=True)
         with stages() as st:
             adv = advised(paths, config=config, engine=engine.value, st=st, notes=notes)
             if adv.run is not None:

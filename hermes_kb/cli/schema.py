@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-from .common import CONTEXT
+from .common import CONTEXT, check_output, fail
+from ..core.errors import HermesError
 
 
 schema_app = typer.Typer(help="JSON Schemas of what hermes reads and writes.", no_args_is_help=True,
@@ -22,11 +23,7 @@ def schema_facts(
     """The JSON Schema of every fact kind (docs/facts.schema.json holds a copy)."""
     from ..facts import facts_json_schema
 
-    text = json.dumps(facts_json_schema(), indent=2, ensure_ascii=False) + "\n"
-    if output:
-        output.write_text(text, encoding="utf-8")
-    else:
-        typer.echo(text, nl=False)
+    emit_schema(facts_json_schema(), output)
 
 
 @schema_app.command("report")
@@ -63,6 +60,10 @@ def schema_case(output: Annotated[Path | None, typer.Option("--output", "-o")] =
 
 def emit_schema(schema: dict, output: Path | None) -> None:
     text = json.dumps(schema, indent=2, ensure_ascii=False) + "\n"
+    try:
+        check_output(output)
+    except HermesError as err:
+        fail(err)
     if output:
         output.write_text(text, encoding="utf-8")
     else:
