@@ -134,3 +134,21 @@ def test_a_training_loop_survives_a_hostile_writer(tmp_path):
     assert refused and all("ignored" in n["reason"] for n in refused)
     log = [json.loads(line) for line in (run / "rank0.jsonl").read_text().splitlines()]
     assert len([r for r in log if r.get("type") in (None, "step") and "wall_s" in r]) >= 390
+
+
+def test_two_logs_claiming_one_rank_are_both_skipped(tmp_path):
+    """rank01.jsonl beside rank1.jsonl (or a rank written in non-ASCII digits): no log silently
+    wins; the claims are named in a warning and the other ranks are read (issue 37)."""
+    import shutil
+
+    from hermes_kb.monitor.reader import read_run
+
+    two = Path(__file__).resolve().parent / "data/monitor_runs/two_ranks"
+    for name in ("rank0.jsonl", "rank1.jsonl"):
+        shutil.copy(two / name, tmp_path / name)
+    shutil.copy(two / "rank0.jsonl", tmp_path / "rank01.jsonl")
+    shutil.copy(two / "rank0.jsonl", tmp_path / "rank\u00b2.jsonl")  # superscript two: not a rank log
+    run = read_run(tmp_path)
+    assert sorted(run.ranks) == [0]
+    msg = " ".join(run.warnings)
+    assert "rank 1 is claimed by 2 logs (rank01.jsonl, rank1.jsonl): all of them skipped" in msg

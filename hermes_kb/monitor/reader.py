@@ -21,9 +21,10 @@ from ..core.errors import MAX_RANK, BadTraceError, as_rank
 from ..core.limits import open_regular
 from ..core.workers import Died, run_each
 
-LOG_RE = re.compile(r"^rank(\d+)\.jsonl$")
-CAPTURE_RE = re.compile(r"^rank(\d+)\.capture(.+)\.json\.gz$")
-ASCEND_INFO_RE = re.compile(r"^profiler_info_(\d+)\.json$")  # inside a torch_npu *_ascend_pt directory
+# ASCII digits only: "rank\u00b9.jsonl" or "rank\u0661.jsonl" is not a rank log
+LOG_RE = re.compile(r"^rank([0-9]+)\.jsonl$")
+CAPTURE_RE = re.compile(r"^rank([0-9]+)\.capture(.+)\.json\.gz$")
+ASCEND_INFO_RE = re.compile(r"^profiler_info_([0-9]+)\.json$")  # inside a torch_npu *_ascend_pt directory
 SAMPLE_KEYS = ("process_cpu_cores", "system_cpu_ratio", "rss_bytes", "affinity_count", "runqueue_wait_ratio",
                "top_procs", "others_cores", "siblings_cores", "children_cores", "children_count", "threads_count",
                "torch_threads", "main_run_ratio")  # fmt: skip
@@ -407,6 +408,14 @@ def read_run(run_dir: str | Path) -> RunLog:
                 captures.setdefault(r, []).append(c)
         elif c.name.endswith("_ascend_pt") and c.is_dir() and (r := ascend_rank(c)) is not None:
             captures.setdefault(r, []).append(c)
+    claims: dict[int, list[Path]] = {}
+    for c, r in logs:
+        claims.setdefault(r, []).append(c)
+    for r, paths in claims.items():
+        if len(paths) > 1:  # rank01.jsonl and rank1.jsonl: neither can be trusted to be rank 1
+            warnings.append(f"{d}: rank {r} is claimed by {len(paths)} logs ({', '.join(p.name for p in paths)}): "
+                            "all of them skipped")  # fmt: skip
+    logs = [(c, r) for c, r in logs if len(claims[r]) == 1]
     for (c, _), log in zip(logs, _read_all(logs)):
         if isinstance(log, BadTraceError):
             warnings.append(f"skipped {log}")

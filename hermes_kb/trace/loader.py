@@ -21,7 +21,7 @@ from .bundle import LoadProblem, RankTrace, TraceBundle, TraceMeta
 from .kineto.reader import distributed_rank, parse_kineto
 
 TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
-_RANK_RE = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
+_RANK_RE = re.compile(r"(?:rank|worker)[-_]?([0-9]+)", re.IGNORECASE)  # ASCII digits: int() reads others too
 
 MIN_SPAN_US = 1.0  # a profile shorter than a microsecond has recorded nothing to analyse
 PathLike = str | os.PathLike

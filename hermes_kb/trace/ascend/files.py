@@ -28,7 +28,7 @@ TEXT_FILES = (
     "memory_record.csv",
 )  # fmt: skip
 _DB_RE = re.compile(r"^ascend_pytorch_profiler(?:_\d+)?\.db$")
-_RANK_DIR_RE = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_RANK_DIR_RE = re.compile(r"rank[-_]?([0-9]+)", re.IGNORECASE)
 
 
 @dataclass
