@@ -127,7 +127,7 @@ def test_a_training_loop_survives_a_hostile_writer(tmp_path):
     rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     assert steps_done == 400
     assert not outside.exists() and not (tmp_path / "pwned").exists()
-    assert all(p.resolve().parent in (run.resolve(), (run / "peers").resolve()) for p in run.rglob("*"))
+    assert all(p.parent.resolve() in (run.resolve(), (run / "peers").resolve()) for p in run.rglob("*"))  # the writer's links point anywhere
     assert rss1 - rss0 < 200 * 1024  # kB: nothing read the 2 MB request or /dev/zero
     notes = [json.loads(line) for line in (run / "rank0.monitor.jsonl").read_text().splitlines()]
     refused = [n for n in notes if n.get("type") == "request_refused"]
@@ -152,3 +152,40 @@ def test_two_logs_claiming_one_rank_are_both_skipped(tmp_path):
     assert sorted(run.ranks) == [0]
     msg = " ".join(run.warnings)
     assert "rank 1 is claimed by 2 logs (rank01.jsonl, rank1.jsonl): all of them skipped" in msg
+
+
+WEIRD = ([1], {"a": 1}, None, "x", 1e308, -1, True, 2**70, 2**63 - 1, "")
+
+
+def test_notes_of_any_shape_never_raise(tmp_path):
+    """Every field of every note of a real 2-rank run replaced by a value of another type or range
+    (a list id, a dict name, a huge integer, ...): the notes' readers give lines, never an
+    exception (issue 37: a list id raised TypeError, a domain with a list name IndexError)."""
+    import shutil
+
+    from hermes_kb.analyzers.monitor.notes import notes_warnings
+    from hermes_kb.analyzers.monitor.run_log import monitor_facts, summary_of
+    from hermes_kb.monitor.reader import read_run
+
+    src = Path(__file__).resolve().parents[1] / "benchmarks/scenarios/recorded/dist_slow_rank_compute/bad"
+    for p in src.glob("rank*.jsonl"):
+        shutil.copy(p, tmp_path / p.name)
+    path = tmp_path / "rank0.monitor.jsonl"
+    recs = [json.loads(line) for line in (src / "rank0.monitor.jsonl").read_text().splitlines()]
+    done = 0
+    for i, rec in enumerate(recs):
+        for key in rec:
+            if key == "type":
+                continue
+            for value in WEIRD:
+                bad = [dict(r) for r in recs]
+                bad[i][key] = value
+                if key == "domains":  # and inside the domain records too
+                    bad[i][key] = [{"name": value, "ranks": value, "backend": value}]
+                path.write_text("\n".join(json.dumps(r) for r in bad) + "\n")
+                run = read_run(tmp_path)
+                assert isinstance(notes_warnings(run), list)
+                monitor_facts(run)
+                summary_of(run)
+                done += 1
+    assert done > 100

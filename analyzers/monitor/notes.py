@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from hermes_kb.monitor.reader import RunLog
 
@@ -15,8 +16,19 @@ KIND_WORDS = {"slow_step": "slow step", "slow_rank": "slowest rank", "throughput
 MAX_DOMAIN_LINES = 3
 
 
+def _key(v: Any) -> str | int | None:
+    """A note's id as a dict key: a string or an integer; anything else (a list, a dict) matches nothing."""
+    return v if isinstance(v, (str, int)) and not isinstance(v, bool) else None
+
+
+def _items(v: Any) -> list:
+    return v if isinstance(v, list) else []
+
+
 def _ranks_text(ranks: list[int]) -> str:
     ranks = sorted(ranks)
+    if not ranks:
+        return "no ranks listed"
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
     if ranks == list(range(ranks[0], ranks[-1] + 1)):
@@ -34,13 +46,13 @@ def notes_warnings(run: RunLog, notes: dict[int, list[dict]] | None = None) -> l
     shared: dict[str, list[int]] = defaultdict(list)
     for r in sorted(notes):
         recs = notes[r]
-        got = {x.get("id"): x for x in recs if x.get("type") == "captured"}
+        got = {_key(x.get("id")): x for x in recs if x.get("type") == "captured"}
         taken: set[str] = set()
         for t in recs:
             if t.get("type") != "trigger" or t.get("captured") is not True:
                 continue
             kind = str(t.get("kind"))
-            c = got.get(t.get("id"))
+            c = got.get(_key(t.get("id")))
             line = f"monitor: rank {r}: automatic capture ({KIND_WORDS.get(kind, kind)}): {t.get('reason')}"
             if c is None:
                 line += "; the capture did not run (the run ended first)"
@@ -81,9 +93,9 @@ def notes_warnings(run: RunLog, notes: dict[int, list[dict]] | None = None) -> l
         doms = [x for x in recs if x.get("type") == "domains"]
         if doms and isinstance(doms[-1].get("domains"), list):
             ds = [d for d in doms[-1]["domains"] if isinstance(d, dict)]
-            text = "; ".join(f"{d.get('name')} ({_ranks_text([x for x in d.get('ranks') or [] if isinstance(x, int)])}, "
+            text = "; ".join(f"{d.get('name')} ({_ranks_text([x for x in _items(d.get('ranks')) if isinstance(x, int)])}, "
                              f"{d.get('backend')})" for d in ds)  # fmt: skip
-            comm = "; ".join(str(x) for x in doms[-1].get("comm") or [])
+            comm = "; ".join(str(x) for x in _items(doms[-1].get("comm")))
             shared[f"monitor: domains found in torch.distributed: {text or 'none of 2 ranks or more'}"
                    + (f"; time in collectives measured by {comm}" if comm else "")].append(r)
     doms = 0

@@ -5,6 +5,8 @@ with the values read from them."""
 
 from __future__ import annotations
 
+import math
+
 import json
 from pathlib import Path
 from typing import Any
@@ -50,11 +52,18 @@ def read_notes(run: RunLog) -> dict[int, list[dict]]:
 
 
 def nonneg_int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+    """A step number or count from a note: an int from 0 to 2^63 - 1 (what a step record holds)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63 else None
 
 
 def finite_num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) else None
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)  # an integer beyond a float's range raises
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
 
 
 def _warmup_end(notes: list[dict]) -> int | None:
@@ -82,7 +91,7 @@ def _perturbed(log: RankLog, notes: list[dict]) -> set[int]:
         first = nonneg_int(c.get("first_step"))
         if first is None or first > last or last - first > 10_000:
             continue
-        out.update(range(first, last + 2))
+        out.update(range(first, min(last + 2, 2**63)))
     for rec in notes:
         if rec.get("type") == "mfu" and (s := nonneg_int(rec.get("counted_step"))) is not None:
             out.add(s)

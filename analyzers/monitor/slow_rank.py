@@ -23,14 +23,16 @@ def domains_of(run: RunLog, notes: dict[int, list[dict]] | None = None) -> dict[
     ``Monitor(domains=...)``, else every rank of the run (``all``)."""
     groups: dict[str, set[int]] = defaultdict(set)
     for r, log in run.ranks.items():
-        for d in (log.environment or {}).get("domains") or []:
+        named = (log.environment or {}).get("domains")
+        for d in named if isinstance(named, list) else []:
             groups[str(d)].add(r)
     for r, recs in (notes or {}).items():
         found = [x for x in recs if x.get("type") == "domains" and isinstance(x.get("domains"), list)]
         for d in found[-1]["domains"] if found else []:
             if not isinstance(d, dict) or not isinstance(d.get("name"), str):
                 continue
-            ranks = [x for x in d.get("ranks") or [] if isinstance(x, int) and x in run.ranks]
+            listed = d.get("ranks") if isinstance(d.get("ranks"), list) else []
+            ranks = [x for x in listed if isinstance(x, int) and x in run.ranks]
             groups[d["name"]].update(ranks or [r])
     if not groups:
         groups["all"] = set(run.ranks)
