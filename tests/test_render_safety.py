@@ -144,3 +144,17 @@ def test_every_payload_is_represented(hostile):
         if first_word:
             assert first_word.group(0) in page
             assert first_word.group(0) in md
+
+
+@pytest.mark.parametrize("name", ["see https://evil.example/x", "www.evil.example", "root@evil.example",
+                                  "~~struck~~", "mailto:root@evil.example"])
+def test_markdown_names_never_become_links_or_strikethrough(name):
+    """A name that GFM would autolink or strike through (issue 37) is escaped so that it reads
+    the same and renders as plain text; the escapes sit on the characters autolinks start from."""
+    from hermes_kb.render.report import _md
+
+    e = _md(name)
+    assert not re.search(r"(?i)(?:https?|mailto):|www\.|[^\\]@|^@|(?<!\\)~", e), e
+    html = MarkdownIt("commonmark").enable("strikethrough").render(e)
+    assert "<a " not in html and "<s>" not in html and "<del>" not in html
+    assert re.sub(r"<[^>]+>", "", html).strip() == name

@@ -74,7 +74,7 @@ def as_rank(value: object) -> int | None:
         return None
     if isinstance(value, str):
         text = value.strip()
-        if not text.isdigit() or len(text) > 9:
+        if not (text.isascii() and text.isdigit()) or len(text) > 9:  # "²".isdigit() is True
             return None
         value = int(text)
     if isinstance(value, int) and 0 <= value <= MAX_RANK:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import stat
 
-from .errors import BadTraceError, InputNotFoundError
+from .errors import BadTraceError, InputNotFoundError, UsageError
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -33,8 +33,8 @@ def _env_int(name: str, default: int) -> int:
         return default
     try:
         value = int(float(raw))
-    except ValueError:
-        return default
+    except (ValueError, OverflowError):  # "inf", "nan", "lots": the setting is wrong, not the trace
+        raise UsageError(f"{name}={raw[:40]!r}: not a finite number (give a count, e.g. {name}={default})") from None
     return value if value > 0 else default
 
 

@@ -242,8 +242,26 @@ def _construct(text: str, node) -> Any:
     loader = _SAFE_LOADER(text)
     try:
         return loader.construct_document(node) if node is not None else None
+    except ValueError as exc:  # an integer of more digits than Python converts (4,300)
+        raise _unreadable_value(exc, node) from None
     finally:
         loader.dispose()
+
+
+def _unreadable_value(exc: ValueError, node) -> YamlLimitError:
+    """Where the value the constructor refused is: the first scalar of more than 4,000 characters."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, yaml.ScalarNode) and len(n.value) > 4000:
+            m = n.start_mark
+            return YamlLimitError(f"a value of {len(n.value):,} characters hermes does not read as a number",
+                                  m.line + 1, m.column + 1)  # fmt: skip
+        if isinstance(n, yaml.MappingNode):
+            stack.extend(x for kv in reversed(n.value) for x in reversed(kv))
+        elif isinstance(n, yaml.SequenceNode):
+            stack.extend(reversed(n.value))
+    return YamlLimitError(f"a value hermes cannot read ({str(exc)[:80]})")
 
 
 class _LazyNodes:
@@ -271,6 +289,8 @@ def _read(path: Path) -> tuple[Any, Any]:
         loader = _SAFE_LOADER(text)
         try:
             return loader.get_single_data(), _LazyNodes(text)
+        except ValueError as exc:
+            raise _unreadable_value(exc, _compose(text)) from None
         finally:
             loader.dispose()
     node = _compose(text)

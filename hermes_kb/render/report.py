@@ -21,14 +21,18 @@ from ..core.sanitize import clean, clean_line, clean_model, json_terminal_safe
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 
-_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|])")
+_MD_SPECIAL = re.compile(r"([\\`*_\[\]<>|~])")
+# what GFM turns into a link without any markup: a scheme's colon, "www."'s dot, an e-mail's @
+_MD_AUTOLINK = re.compile(r"(?i)(\b(?:https?|ftp|mailto))(:)|(\bwww)(\.)|()(@)")
 
 
 def _md(text) -> str:
     """Escape text that came from a trace for Markdown, inline: one line (a newline, which could
     end a paragraph or a table row, becomes a space), every character that opens emphasis, code,
-    links, HTML or a table cell backslash-escaped."""
-    return _MD_SPECIAL.sub(r"\\\1", clean_line(text).strip())
+    links, HTML, strikethrough or a table cell backslash-escaped, and the characters GFM's
+    autolinks start from (``https:``, ``www.``, ``a@b``) too: a name in a trace is never a link."""
+    s = _MD_SPECIAL.sub(r"\\\1", clean_line(text).strip())
+    return _MD_AUTOLINK.sub(lambda m: "".join(f"{a}\\{b}" for a, b in zip(m.groups()[::2], m.groups()[1::2]) if b), s)
 
 
 def _code(text) -> str:

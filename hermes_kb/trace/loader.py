@@ -59,8 +59,8 @@ def discover(paths: PathLike | Sequence[PathLike]) -> list[str]:
                                     "*_ascend_pt directories it was computed from", str(p))  # fmt: skip
             found = sorted(c for c in p.iterdir() if is_trace_file(c))
             if not found:
-                deeper = sorted(c for c in p.rglob("*") if is_trace_file(c))
-                hint = f" ({len(deeper)} in subdirectories: pass one of those directories)" if deeper else ""
+                deeper = _traces_below(p)
+                hint = f" ({deeper} in subdirectories: pass one of those directories)" if deeper else ""
                 raise NoTracesError(
                     f"directory holds no trace files (*.json, *.json.gz) and no torch_npu output (*_ascend_pt){hint}", str(p)
                 )
@@ -70,6 +70,34 @@ def discover(paths: PathLike | Sequence[PathLike]) -> list[str]:
         else:
             files.append(str(p))
     return files
+
+
+def _traces_below(root: Path, depth: int = 6, budget: int = 100_000) -> int:
+    """How many trace files lie in ``root``'s subdirectories, breadth first, at most ``depth``
+    levels down and ``budget`` entries looked at (a tree 1,100 levels deep, or a home
+    directory, must not hang or overflow the stack); links to directories are not followed."""
+    found, seen = 0, 0
+    level = [root]
+    for _ in range(depth):
+        nxt: list[Path] = []
+        for d in level:
+            try:
+                entries = list(os.scandir(d))
+            except OSError:
+                continue
+            for e in entries:
+                seen += 1
+                if seen > budget:
+                    return found
+                try:
+                    if e.is_dir(follow_symlinks=False):
+                        nxt.append(Path(e.path))
+                    elif d != root and is_trace_file(Path(e.path)):
+                        found += 1
+                except OSError:
+                    continue
+        level = nxt
+    return found
 
 
 def rank_from_filename(path: str) -> int | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+_STEP_RE = re.compile(r"^ProfilerStep#([0-9]{1,18})$")  # a longer number does not fit a step (int64): not a step
 
 LAUNCH_APIS = {
     "cudaLaunchKernel", "cudaLaunchKernelExC", "cudaLaunchKernelEx", "cuLaunchKernel", "cuLaunchKernelEx",

@@ -71,6 +71,20 @@ def read_bytes(path: str) -> bytes:
         raw = _gunzip(raw, path, limits.gzip_limit(len(raw)))
         if len(raw) < 64 and not raw.strip():
             raise BadTraceError("empty file (after gunzip)", path)
+    return _utf8(raw, path)
+
+
+def _utf8(raw: bytes, path: str) -> bytes:
+    """JSON is UTF-8: a UTF-8 byte-order mark (some editors write one) is dropped; UTF-16 or
+    UTF-32 text is refused naming its encoding."""
+    if raw[:3] == b"\xef\xbb\xbf":
+        return raw[3:]
+    h = raw[:4] + b"\x01" * (4 - len(raw[:4]))  # a JSON text starts with an ASCII character
+    if h in (b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff") or (h[0] and h[1:] == b"\x00\x00\x00") or \
+            (h[:3] == b"\x00\x00\x00" and h[3]):
+        raise BadTraceError("UTF-32 text: profiler traces are UTF-8 JSON (iconv -f UTF-32 -t UTF-8 converts it)", path)
+    if h[:2] in (b"\xff\xfe", b"\xfe\xff") or (h[0] and not h[1]) or (not h[0] and h[1]):
+        raise BadTraceError("UTF-16 text: profiler traces are UTF-8 JSON (iconv -f UTF-16 -t UTF-8 converts it)", path)
     return raw
 
 

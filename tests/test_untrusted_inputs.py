@@ -1,0 +1,84 @@
+"""Inputs from the adversarial run of issue 37 that used to end in a traceback or a misleading
+error: each is now read, or refused in one line naming the file and the problem."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import hermes_kb
+from hermes_kb.core.errors import BadTraceError, HermesError, UsageError
+from test_cli_usage import cli, one_line_error
+
+OP = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 5}
+
+
+def _write(path: Path, doc: dict, encoding: str = "utf-8", prefix: bytes = b"") -> Path:
+    path.write_bytes(prefix + json.dumps(doc).encode(encoding))
+    return path
+
+
+def test_a_rank_in_other_digits_is_not_a_rank(tmp_path):
+    t = _write(tmp_path / "t.json", {"distributedInfo": {"rank": "\u00b2"}, "traceEvents": [OP]})
+    b = hermes_kb.load(t)
+    assert b.rank_ids == [0] and b[0].meta.rank_source != "distributedInfo"
+
+
+def test_a_step_number_beyond_int64_is_not_a_step(tmp_path):
+    step = {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#" + "9" * 40, "pid": 1, "tid": 1, "ts": 0, "dur": 100}
+    b = hermes_kb.load(_write(tmp_path / "t.json", {"traceEvents": [OP, step]}))
+    assert len(b[0].steps) == 0 and len(b[0].cpu_ops) == 1
+
+
+def test_a_utf8_byte_order_mark_is_read(tmp_path):
+    b = hermes_kb.load(_write(tmp_path / "t.json", {"traceEvents": [OP]}, prefix=b"\xef\xbb\xbf"))
+    assert len(b[0].cpu_ops) == 1
+
+
+@pytest.mark.parametrize("encoding,name", [("utf-16", "UTF-16"), ("utf-16-le", "UTF-16"), ("utf-16-be", "UTF-16"),
+                                           ("utf-32", "UTF-32"), ("utf-32-be", "UTF-32")])
+def test_utf16_and_utf32_are_named(tmp_path, encoding, name):
+    t = _write(tmp_path / "t.json", {"traceEvents": [OP]}, encoding=encoding)
+    with pytest.raises(BadTraceError) as exc:
+        hermes_kb.load(t)
+    assert str(exc.value).startswith(f"{t}: {name} text")
+
+
+def test_an_infinite_limit_is_blamed_on_the_setting(tmp_path, monkeypatch):
+    monkeypatch.setenv("HERMES_MAX_EVENTS", "inf")
+    with pytest.raises(UsageError) as exc:
+        hermes_kb.load(_write(tmp_path / "t.json", {"traceEvents": [OP]}))
+    assert "HERMES_MAX_EVENTS='inf'" in str(exc.value)
+
+
+def test_a_config_number_of_5000_digits_is_one_line(tmp_path):
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text("C-IO-001:\n  min_share: " + "9" * 5000 + "\n")
+    t = _write(tmp_path / "t.json", {"traceEvents": [OP]})
+    msg = one_line_error(cli("advise", t, "--config", cfg), 6)
+    assert f"{cfg}:2:14:" in msg and "5,000 characters" in msg
+
+
+def test_a_very_deep_directory_is_one_line(tmp_path):
+    d = tmp_path / "deep"
+    d.mkdir()
+    cwd = os.getcwd()
+    try:
+        os.chdir(d)
+        for _ in range(1100):  # deeper than Python's recursion limit
+            os.mkdir("d")
+            os.chdir("d")
+    finally:
+        os.chdir(cwd)
+    try:
+        with pytest.raises(HermesError) as exc:
+            hermes_kb.load(d)
+        assert "holds no trace files" in str(exc.value)
+    finally:  # shutil.rmtree recurses: remove the tree bottom up
+        leaf = d / Path(*["d"] * 1100)
+        while leaf != d:
+            leaf.rmdir()
+            leaf = leaf.parent
