@@ -82,3 +82,15 @@ def test_a_very_deep_directory_is_one_line(tmp_path):
         while leaf != d:
             leaf.rmdir()
             leaf = leaf.parent
+
+
+def test_a_step_annotation_spanning_the_others_is_left_out(tmp_path):
+    """ProfilerStep#1..3 of 100 µs each and a ProfilerStep#9 spanning all three: the three are
+    the steps, #9 is left out with a warning (it doubled the mean step before, issue 37)."""
+    ev = [dict(OP, ts=10 + 100 * k) for k in range(3)]
+    ev += [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{k + 1}", "pid": 1, "tid": 1, "ts": 100 * k,
+            "dur": 100} for k in range(3)]  # fmt: skip
+    ev.append({"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#9", "pid": 1, "tid": 1, "ts": 0, "dur": 300})
+    b = hermes_kb.load(_write(tmp_path / "t.json", {"traceEvents": ev}))
+    assert b[0].steps["step"].tolist() == [1, 2, 3] and b[0].steps["dur"].tolist() == [100.0] * 3
+    assert any("ProfilerStep(s) [9] span the step(s) after them" in w for w in b[0].warnings)

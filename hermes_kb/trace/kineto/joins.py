@@ -188,6 +188,15 @@ def steps(annotations: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             "kept the longest record of each"
         )
     st = st[~dup].sort_values("ts").reset_index(drop=True)
+    # a ProfilerStep that holds the next one whole is not a step of the loop (one annotation
+    # spanning the others, written by hand or merged from two traces): it would double the mean
+    end = st["end"].to_numpy()
+    holds = np.zeros(len(st), dtype=bool)
+    holds[:-1] = end[:-1] >= end[1:]
+    if holds.any():
+        warnings.append(f"ProfilerStep(s) {st.loc[holds, 'step'].tolist()[:8]} span the step(s) after them (nested "
+                        "step annotations): left out")  # fmt: skip
+        st = st[~holds].reset_index(drop=True)
     return st, warnings
 
 
