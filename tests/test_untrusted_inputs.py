@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -62,9 +63,10 @@ def test_a_config_number_of_5000_digits_is_one_line(tmp_path):
     assert f"{cfg}:2:14:" in msg and "5,000 characters" in msg
 
 
-def test_a_very_deep_directory_is_one_line(tmp_path):
-    d = tmp_path / "deep"
-    d.mkdir()
+def test_a_very_deep_directory_is_one_line():
+    # Outside pytest's tmp_path: pytest removes old tmp folders with a recursive rmtree, so a
+    # tree left behind by an interrupted run would break every later session's teardown.
+    d = Path(tempfile.mkdtemp(prefix="hermes-deep-"))
     cwd = os.getcwd()
     try:
         os.chdir(d)
@@ -82,6 +84,7 @@ def test_a_very_deep_directory_is_one_line(tmp_path):
         while leaf != d:
             leaf.rmdir()
             leaf = leaf.parent
+        d.rmdir()
 
 
 def test_a_step_annotation_spanning_the_others_is_left_out(tmp_path):
