@@ -140,14 +140,24 @@ def split_imbalance(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return total, cost
 
 
+# sources whose durations are the collective's own run (the transfer and the wait for peers), so
+# that their exposed part can be measured: device kernels, and gloo's spans on its worker threads
+TIMED_SOURCES = ("kernel", "host")
+
+
 def compute_union(ctx: RankContext) -> iv.Intervals:
     """Union of the rank's non-communication kernels (every kernel that is not a collective).
-    Cached in ``ctx.shared['comm_compute_union']``."""
+    On a CPU-only rank whose collectives ran on gloo's threads (source ``host``): the union of
+    the top-level operators of its other threads that are not collectives, the work a
+    collective can hide behind. Cached in ``ctx.shared['comm_compute_union']``."""
     cached = ctx.shared.get("comm_compute_union")
     if cached is not None:
         return cached
     k = ctx.trace.kernels
-    if not len(k):
+    c = ctx.trace.collectives
+    if not len(k) and len(c) and (c["source"].astype(str).to_numpy() == "host").any():
+        out = _host_compute(ctx)
+    elif not len(k):
         out = iv.EMPTY
     else:
         comm_idx = (
@@ -159,6 +169,38 @@ def compute_union(ctx: RankContext) -> iv.Intervals:
         out = iv.union(k["ts"].to_numpy()[mask], k["end"].to_numpy()[mask])
     ctx.shared["comm_compute_union"] = out
     return out
+
+
+def _host_compute(ctx: RankContext) -> iv.Intervals:
+    ops = ctx.trace.cpu_ops
+    if not len(ops):
+        return iv.EMPTY
+    top = ops["depth"].to_numpy() == 0
+    names = ops["name"]
+    comm_cat = np.array([bool(COMM_OP.match(str(x))) for x in names.cat.categories], dtype=bool)
+    top &= ~comm_cat[names.cat.codes.to_numpy()] if len(comm_cat) else top
+    return iv.union(ops["ts"].to_numpy(float)[top], ops["end"].to_numpy(float)[top])
+
+
+COMM_OP = re.compile(r"c10d::|record_param_comms$|gloo:")
+
+
+def host_exposed(ctx: RankContext) -> tuple[np.ndarray, iv.Intervals]:
+    """On a rank with host (gloo) collectives: the thread that issued most of them (the
+    training thread) and the stretches in which one of them runs while that thread runs no
+    other operator: the time the step waits for communication."""
+    c = ctx.trace.collectives
+    host = c["source"].astype(str).to_numpy() == "host" if len(c) else np.zeros(0, bool)
+    if not host.any():
+        return np.zeros(0, np.int64), iv.EMPTY
+    cidx = c["cpu_idx"].to_numpy(np.int64)[host]
+    ops = ctx.trace.cpu_ops
+    cidx = cidx[(cidx >= 0) & (cidx < len(ops))]
+    if not len(cidx):
+        return np.zeros(0, np.int64), iv.EMPTY
+    tids, counts = np.unique(ops["tid"].to_numpy(np.int64)[cidx], return_counts=True)
+    u = iv.union(c["ts"].to_numpy(float)[host], c["end"].to_numpy(float)[host])
+    return np.array([tids[np.argmax(counts)]], np.int64), iv.subtract(u, compute_union(ctx))
 
 
 def group_ranks(ctx: RankContext, pg_name: str, pg_ranks: str) -> list[int]:
@@ -173,4 +215,4 @@ def group_ranks(ctx: RankContext, pg_name: str, pg_ranks: str) -> list[int]:
     return []
 
 
-__all__ = ["compute_union", "group_ranks", "issue_time", "parse_ranks", "rank_collectives", "split_imbalance"]
+__all__ = ["TIMED_SOURCES", "compute_union", "group_ranks", "host_exposed", "issue_time", "parse_ranks", "rank_collectives", "split_imbalance"]

@@ -37,7 +37,7 @@ from .. import intervals as iv
 from ..context import RankContext
 from ..whatif.sets import WhatIfSet, register
 from .bandwidth import group_link
-from .collectives import compute_union, rank_collectives
+from .collectives import TIMED_SOURCES, compute_union, host_exposed, rank_collectives
 from .groups import MAX_GROUP_FACTS, group_stats, ratio
 from .pipeline import P2P_KINDS, pipeline_neighbours, pipeline_stage, pipeline_stages
 from .stalls import transfer_stall
@@ -53,7 +53,7 @@ def per_rank(ctx: RankContext) -> list:
     cu = compute_union(ctx)
     is_kernel = df["source"].to_numpy() == "kernel"
     _register(ctx, df, is_kernel)
-    facts: list = group_stats(ctx, df, cu, is_kernel)
+    facts: list = group_stats(ctx, df, cu, np.isin(df["source"].to_numpy(), TIMED_SOURCES))
     facts.append(_summary(ctx, df, cu, device))
     if stage is not None:
         facts.append(stage)
@@ -67,7 +67,12 @@ def _register(ctx: RankContext, df: pd.DataFrame, is_kernel: np.ndarray) -> None
     kidx = kidx[(kidx >= 0) & (kidx < len(ctx.trace.kernels))]
     c = ctx.trace.collectives
     ops = ctx.trace.cpu_ops
-    host = (c["source"].to_numpy() != "kernel") & (c["cpu_idx"].to_numpy() >= 0) if len(c) else np.zeros(0, bool)
+    tid, waits = host_exposed(ctx)
+    if len(tid) and len(waits[0]):  # gloo: what the training thread waits for them
+        register(ctx, WhatIfSet.of_intervals("communication", "the collectives (the training thread's waits for "
+                                             "gloo's collectives)", tid[0], waits[0], waits[1]))  # fmt: skip
+        return
+    host = (c["source"].to_numpy() == "cpu") & (c["cpu_idx"].to_numpy() >= 0) if len(c) else np.zeros(0, bool)
     rows = c["cpu_idx"].to_numpy(np.int64)[host] if len(c) else np.zeros(0, np.int64)
     rows = rows[rows < len(ops)]
     if len(kidx) or len(rows):
@@ -78,7 +83,7 @@ def _register(ctx: RankContext, df: pd.DataFrame, is_kernel: np.ndarray) -> None
 
 def _summary(ctx: RankContext, df: pd.DataFrame, cu: iv.Intervals, device: str | None) -> CommSummary:
     src = set(df["source"].unique().tolist())
-    kern = df[df["source"] == "kernel"]
+    kern = df[np.isin(df["source"].to_numpy(), TIMED_SOURCES)]
     use = kern if len(kern) else df
     u = iv.union(use["ts"].to_numpy(float), use["end"].to_numpy(float))
     comm = iv.length(u)
@@ -86,7 +91,7 @@ def _summary(ctx: RankContext, df: pd.DataFrame, cu: iv.Intervals, device: str |
     analysed = ctx.windows_us
     by_kind = df.groupby("kind")["dur"].sum().sort_values(ascending=False)
     pgs = [str(x) for x in df["pg"].unique()]
-    link_name, link = group_link(ctx, [], None) if len(kern) else (UNKNOWN_LINK, None)
+    link_name, link = group_link(ctx, [], None) if (df["source"] == "kernel").any() else (UNKNOWN_LINK, None)
     return CommSummary(
         rank=ctx.rank,
         collectives_count=len(df),
@@ -108,9 +113,9 @@ def _summary(ctx: RankContext, df: pd.DataFrame, cu: iv.Intervals, device: str |
             events=[str(x) for x in use["name"].unique()[:10]],
             counts={str(k): int(v) for k, v in df["kind"].value_counts().items()},
             note=(
-                "comm time = union of collective kernels (CPU ops when the rank has none); exposed = "
-                "that union minus the union of non-communication kernels; link assumes every rank of "
-                "the job on this node"
+                "comm time = union of collective kernels (gloo's spans on a CPU-only rank, else CPU ops); "
+                "exposed = that union minus the union of non-communication kernels (on a CPU-only rank, of "
+                "the other top-level operators); link assumes every rank of the job on this node"
             ),
         ),
     )

@@ -18,35 +18,51 @@ from hermes_kb.facts.comm import CommStats
 from .. import intervals as iv
 from ..context import RankContext
 from .bandwidth import group_bandwidth, group_link
-from .collectives import group_ranks, split_imbalance
+from .collectives import TIMED_SOURCES, group_ranks, split_imbalance
 
 MIB = 1024 * 1024
 SMALL_MESSAGE_BYTES = 32 * MIB  # paper (HERMES_NOTES, Communication): 32 MB small-packet threshold
 TINY_MESSAGE_BYTES = 1 * MIB
+SCALAR_MESSAGE_BYTES = 64  # at most 16 float32 values (a loss, a few metrics): not gradients, not one layer's bias
 ALIGNMENT_BYTES = 512  # paper (HERMES_NOTES, Table 4): HCCS transfers must be multiples of 512 B
 MAX_GROUP_FACTS = 10
 
 
 def group_stats(ctx: RankContext, df: pd.DataFrame, cu: iv.Intervals,
-                is_kernel: np.ndarray) -> list[CommStats]:  # fmt: skip
+                is_timed: np.ndarray) -> list[CommStats]:  # fmt: skip
     """One fact per (process group, kind, source) of the rank's collectives ``df``
     (collectives.py ``rank_collectives``), the MAX_GROUP_FACTS with the most time; ``cu`` = the
     union of the rank's non-communication kernels."""
-    g = _per_group(_work(df, cu, is_kernel))
+    g = _per_group(_work(df, cu, is_timed))
     extra = _group_meta(df)
     facts: list = []
     left_out = max(len(g) - MAX_GROUP_FACTS, 0)
     for row in g.head(MAX_GROUP_FACTS).itertuples(index=False):  # one per (group, kind): a handful
         key = (row.pg, row.pg_ranks, row.kind, row.source)
         ex = extra.loc[key]
+        if row.source == "host":
+            row = _host_exposed(df, row, cu)
         facts.append(_group_fact(ctx, row, ex, left_out))
     return facts
 
 
-def _work(df: pd.DataFrame, cu: iv.Intervals, is_kernel: np.ndarray) -> pd.DataFrame:
+def _host_exposed(df: pd.DataFrame, row: Any, cu: iv.Intervals) -> Any:
+    """gloo's threads run several collectives of a group at once (a DDP bucket still in flight when
+    the next is issued): a group's exposed time is the length of the union of its spans less the
+    compute, not the sum over collectives; the same for its scalar messages."""
+    m = ((df["pg"] == row.pg) & (df["pg_ranks"] == row.pg_ranks) & (df["kind"] == row.kind)
+         & (df["source"] == "host")).to_numpy()  # fmt: skip
+    ts, end = df["ts"].to_numpy(float), df["end"].to_numpy(float)
+    size = df["msg_bytes"].to_numpy()
+    scalar = m & (size >= 0) & (size <= SCALAR_MESSAGE_BYTES)
+    return row._replace(exposed=iv.length(iv.subtract(iv.union(ts[m], end[m]), cu)),
+                        scalar_exposed=iv.length(iv.subtract(iv.union(ts[scalar], end[scalar]), cu)))  # fmt: skip
+
+
+def _work(df: pd.DataFrame, cu: iv.Intervals, is_timed: np.ndarray) -> pd.DataFrame:
     """Per collective: its time, exposed time, size classes, alignment and split imbalance."""
     ts, end, dur = df["ts"].to_numpy(float), df["end"].to_numpy(float), df["dur"].to_numpy(float)
-    exposed = np.where(is_kernel, dur - iv.overlap_length(ts, end, cu), np.nan)
+    exposed = np.where(is_timed, dur - iv.overlap_length(ts, end, cu), np.nan)
     size = df["msg_bytes"].to_numpy()
     sized = size >= 0
     split_total, split_cost = split_imbalance(df)
@@ -63,6 +79,8 @@ def _work(df: pd.DataFrame, cu: iv.Intervals, is_kernel: np.ndarray) -> pd.DataF
             "size": np.where(sized, size, 0),
             "sized_dur": np.where(sized, dur, 0.0),
             "tiny": sized & (size < TINY_MESSAGE_BYTES),
+            "scalar": sized & (size <= SCALAR_MESSAGE_BYTES),
+            "scalar_exposed": np.where(sized & (size <= SCALAR_MESSAGE_BYTES), exposed, 0.0),
             "mid": sized & (size >= TINY_MESSAGE_BYTES) & (size < SMALL_MESSAGE_BYTES),
             "big": sized & (size >= SMALL_MESSAGE_BYTES),
             "nonempty": sized & (size > 0),
@@ -91,6 +109,8 @@ def _per_group(work: pd.DataFrame) -> pd.DataFrame:
         "size",
         "sized_dur",
         "tiny",
+        "scalar",
+        "scalar_exposed",
         "mid",
         "big",
         "nonempty",
@@ -127,6 +147,7 @@ def _group_fact(ctx: RankContext, row: Any, ex: pd.Series, left_out: int) -> Com
     ranks = group_ranks(ctx, row.pg, row.pg_ranks)
     n = int(row.n) if row.n > 0 else (len(ranks) or None)
     kernel = row.source == "kernel"
+    timed = row.source in TIMED_SOURCES  # its exposed part is measured
     sized_n = int(row.sized)
     factor, algbw, busbw, best = group_bandwidth(ctx, row, n, kernel)
     link_name, link = group_link(ctx, ranks, n) if kernel else (UNKNOWN_LINK, None)
@@ -147,10 +168,10 @@ def _group_fact(ctx: RankContext, row: Any, ex: pd.Series, left_out: int) -> Com
         time_us=float(row.time),
         mean_us=float(row.mean),
         max_us=float(row.max),
-        exposed_us=float(row.exposed) if kernel else None,
-        exposed_ratio=ratio(row.exposed, row.time) if kernel else None,
+        exposed_us=float(row.exposed) if timed else None,
+        exposed_ratio=ratio(row.exposed, row.time) if timed else None,
         time_share_ratio=ratio(row.time, ctx.windows_us) if ctx.windows_us > 0 else None,
-        exposed_share_ratio=ratio(row.exposed, ctx.windows_us) if kernel and ctx.windows_us > 0 else None,
+        exposed_share_ratio=ratio(row.exposed, ctx.windows_us) if timed and ctx.windows_us > 0 else None,
         sizes_known=sized_n == int(row.count),
         sized_count=sized_n,
         total_bytes=int(row.bytes) if sized_n else None,
@@ -169,6 +190,13 @@ def _group_fact(ctx: RankContext, row: Any, ex: pd.Series, left_out: int) -> Com
         unaligned_512_count=int(row.unaligned),
         unaligned_512_ratio=ratio(row.unaligned, row.nonempty) if row.nonempty else None,
         per_step_count=float(row.count) / len(ctx.windows) if ctx.windows else None,
+        scalar_messages_count=int(row.scalar),
+        bulk_messages_count=int(row.count) - int(row.scalar),
+        scalar_per_step_count=float(row.scalar) / len(ctx.windows) if ctx.windows else None,
+        scalar_exposed_us=float(row.scalar_exposed) if timed else None,
+        scalar_exposed_share_ratio=(
+            ratio(row.scalar_exposed, ctx.windows_us) if timed and ctx.windows_us > 0 else None
+        ),
         splits_count=int(row.split_n),
         split_imbalance_ratio=(
             ratio(row.split_cost - row.split_total, row.split_cost) if row.split_n else None
@@ -216,5 +244,5 @@ def ratio(a: float, b: float) -> float:
     return float(min(max(a / b, 0.0), 1.0)) if b > 0 else 0.0
 
 
-__all__ = ["ALIGNMENT_BYTES", "MAX_GROUP_FACTS", "MIB", "SMALL_MESSAGE_BYTES", "TINY_MESSAGE_BYTES",
+__all__ = ["ALIGNMENT_BYTES", "MAX_GROUP_FACTS", "MIB", "SCALAR_MESSAGE_BYTES", "SMALL_MESSAGE_BYTES", "TINY_MESSAGE_BYTES",
            "group_stats", "ratio"]  # fmt: skip

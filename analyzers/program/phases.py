@@ -11,7 +11,8 @@ this says which part of the user's program does. On the training thread, per ste
   ``evaluate_function`` operators on this thread, and, where the engine runs on its own threads
   (CUDA), the span of its work in the step while this thread waits in ``backward``;
 * communication: collectives the training thread itself issues (``c10d::`` operators,
-  ``record_param_comms``), e.g. a metric all-reduce in the user's step;
+  ``record_param_comms``), e.g. a metric all-reduce in the user's step, and on gloo the time the
+  thread waits for those it issued (their spans on gloo's threads while it runs no operator);
 * forward: ``nn.Module`` calls (``module.py: _call_impl`` frames with stacks, ``nn.Module:``
   annotations), else the top-level operators autograd records (a sequence number);
 * user_code: the rest covered by the user's own Python frames (with stacks) or by top-level
@@ -118,7 +119,13 @@ def thread_view(trace: RankTrace, windows) -> ThreadView | None:
     if len(ops):
         back.append(_backward_elsewhere(ops, tid, windows))
     spans["backward"] = iv.union(np.concatenate([b[0] for b in back]), np.concatenate([b[1] for b in back]))
-    spans["communication"] = _union(ops, top & name_mask(names, COLLECTIVE_OP)) if len(ops) else iv.EMPTY
+    comm_op = name_mask(names, COLLECTIVE_OP) if len(ops) else np.zeros(0, dtype=bool)
+    spans["communication"] = _union(ops, top & comm_op) if len(ops) else iv.EMPTY
+    waits = _host_collective_waits(trace, tid, _union(ops, top & ~comm_op) if len(ops) else iv.EMPTY)
+    if len(waits[0]):
+        spans["communication"] = iv.union(np.concatenate([spans["communication"][0], waits[0]]),
+                                          np.concatenate([spans["communication"][1], waits[1]]))
+        sources.append("gloo_spans")
     forward = [_union(ann, a_on & name_mask(ann["name"], MODULE_ANNOTATION)) if len(ann) else iv.EMPTY]
     if len(forward[0][0]):
         sources.append("module_annotations")
@@ -135,6 +142,22 @@ def thread_view(trace: RankTrace, windows) -> ThreadView | None:
     if len(trace.steps):
         sources.append("step_annotations")
     return ThreadView(tid=tid, spans=spans, sources=sources, has_stacks=has_stacks)
+
+
+def _host_collective_waits(trace: RankTrace, tid: int, busy: iv.Intervals) -> iv.Intervals:
+    """The time this thread waits for the gloo collectives it issued (``dist.all_reduce`` blocks
+    until gloo's thread is done, with no operator recorded meanwhile): their spans on gloo's
+    threads less this thread's other top-level operators."""
+    c = trace.collectives
+    if not len(c):
+        return iv.EMPTY
+    cidx = c["cpu_idx"].to_numpy(np.int64)
+    ops = trace.cpu_ops
+    mine = (c["source"].astype(str).to_numpy() == "host") & (cidx >= 0) & (cidx < len(ops))
+    if not mine.any():
+        return iv.EMPTY
+    mine[mine] = ops["tid"].to_numpy(np.int64)[cidx[mine]] == tid
+    return iv.subtract(_union(c, mine), busy)
 
 
 def user_cover(trace: RankTrace, tid: int, top: np.ndarray, has_stacks: bool) -> iv.Intervals:

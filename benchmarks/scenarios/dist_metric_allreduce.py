@@ -93,9 +93,9 @@ LABEL = Label(
     notes=[
         "The scalar all-reduces are blocking gloo collectives issued from Python: the monitor times them "
         "(comm_s); DDP's gradient all-reduce, issued from C++, it does not.",
-        "C-COMM-022 reads comm_stats of device kernels (source == kernel) and their exposed time; a CPU trace of "
-        "torch 2.13 with gloo records no record_param_comms, so hermes finds no collectives in it at all "
-        "(only gloo:* annotations on gloo's threads): the expected case cannot fire on this recording.",
+        "A CPU trace of torch 2.13 with gloo records no record_param_comms: hermes reads each collective from its "
+        "c10d::allreduce_ operator (size) and its gloo:all_reduce span on gloo's threads (time), source host "
+        "(issue 32; before it, the expected case could not fire on this recording).",
     ],
 )
 

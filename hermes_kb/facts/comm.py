@@ -24,16 +24,19 @@ class CommStats(Fact):
     collective: str = Field(
         description="all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send_recv, ..."
     )
-    source: Literal["kernel", "cpu"] = Field(
-        description="kernel: device collective kernels; cpu: CPU ops only"
+    source: Literal["kernel", "host", "cpu"] = Field(
+        description="kernel: device collective kernels; host: the backend's own threads on a CPU-only trace (gloo "
+        "spans: the transfer and the wait for peers); cpu: CPU ops only"
     )
     dtypes: list[str] = Field(default_factory=list)
     collectives_count: int = measure("count", "collectives of this kind and group")
-    time_us: float = us("sum of their durations (kernel time, or CPU op time when source is cpu)")
+    time_us: float = us("sum of their durations (kernel time, gloo span time when source is host, or CPU op time "
+                        "when source is cpu)")
     mean_us: float = us("mean duration")
     max_us: float = us("longest one")
     exposed_us: float | None = us(
-        "part of time_us not overlapped by any non-communication kernel (null when source is cpu)",
+        "part of time_us not overlapped by any non-communication kernel (host: by the operators of the rank's "
+        "own threads; null when source is cpu)",
         default=None,
     )
     exposed_ratio: float | None = ratio("exposed_us / time_us", default=None)
@@ -76,6 +79,23 @@ class CommStats(Fact):
     per_step_count: float | None = measure(
         "count", "collectives_count / analysed steps: how many of them each step issues", default=None
     )
+    scalar_messages_count: int = measure(
+        "count", "sized messages of at most 64 bytes (16 float32 values: a loss and a few metrics, not gradients)",
+        default=0
+    )
+    bulk_messages_count: int = measure(
+        "count", "collectives_count - scalar_messages_count: the ones that carry data (gradient buckets, ...)",
+        default=0,
+    )
+    scalar_per_step_count: float | None = measure(
+        "count", "scalar_messages_count / analysed steps", default=None
+    )
+    scalar_exposed_us: float | None = us(
+        "exposed_us of the scalar messages alone (null when exposed_us is)", default=None
+    )
+    scalar_exposed_share_ratio: float | None = ratio(
+        "scalar_exposed_us / the rank's analysed time", default=None
+    )
     splits_count: int = measure(
         "count", "all_to_all collectives with per-peer split sizes recorded (In / Out split size)", default=0
     )
@@ -103,7 +123,7 @@ class CommSummary(Fact):
     )
     kinds: list[str] = Field(default_factory=list, description="collective kinds seen, most time first")
     process_groups: list[str] = Field(default_factory=list)
-    source: Literal["kernel", "cpu", "mixed"]
+    source: Literal["kernel", "host", "cpu", "mixed"]
     comm_time_us: float = us("length of the union of all collective intervals")
     exposed_us: float | None = us("part of comm_time_us when no non-communication kernel runs", default=None)
     exposed_ratio: float | None = ratio("exposed_us / comm_time_us", default=None)
@@ -131,7 +151,7 @@ class CommSyncWait(Fact):
         "count", "ranks in the group as recorded, when known", default=None
     )
     collective: str
-    source: Literal["kernel", "cpu"]
+    source: Literal["kernel", "host", "cpu"]
     matched_by: Literal["seq", "step_order", "order"] = Field(
         description="seq: PyTorch's collective sequence number; step_order: order within the group per step"
     )
@@ -176,7 +196,7 @@ class CommTransferStall(Fact):
     process_group: str
     group_ranks: list[int] = Field(default_factory=list, description="ranks of the group present in the input")
     collective: str
-    source: Literal["kernel", "cpu"]
+    source: Literal["kernel", "host", "cpu"]
     instances_count: int = measure("count", "instances matched on every present rank")
     sized_count: int = measure("count", "of them with a known size of at least min_bytes")
     min_bytes: int = measure("bytes", "smallest size judged (bandwidth, not latency, dominates above it)")

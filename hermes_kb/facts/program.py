@@ -39,7 +39,7 @@ class ProgramPhases(Fact):
     largest_phase_ratio: float = ratio("its share of the window")
     sources: list[str] = Field(default_factory=list, description="the evidence the split rests on (python_stacks, "
                                "module_annotations, sequence_numbers, optimizer_annotations, dataloader_annotations, "
-                               "step_annotations)")  # fmt: skip
+                               "dataloader_frames, gloo_spans, step_annotations)")  # fmt: skip
     has_stacks: bool = Field(description="the capture has Python stacks (with_stack), so user functions are named")
     top_function: str | None = Field(default=None, description="the user function holding the most time outside the phases")
     top_function_ratio: float = ratio("its share of the window", default=0.0)

@@ -25,6 +25,18 @@ from ..names import annotation_kind, memcpy_parts, runtime_kind
 _NAME = attrgetter("name")
 _DIMS = attrgetter("input_dims")
 _TYPES = attrgetter("input_types")
+GLOO_SPAN = "gloo:"
+
+
+def _first_type(raw: msgspec.Raw) -> str:
+    """The first entry of a recorded ``Input type`` list, '' when there is none."""
+    if not raw:
+        return ""
+    try:
+        v = msgspec.json.decode(bytes(raw))
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+        return ""
+    return v[0][:40] if isinstance(v, list) and v and isinstance(v[0], str) else ""
 _CONCRETE = attrgetter("concrete_inputs")
 
 
@@ -272,7 +284,18 @@ class Annotations(FrameBuilder):
     what = "user_annotation"
     args_type = ks.AnnotationArgs
 
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        # row -> element type of a gloo collective's span (``gloo:all_reduce`` records the
+        # tensor's scalar type, e.g. "float"; its size is on the c10d op that issued it)
+        self.collective_args: dict[int, str] = {}
+
     def extract(self, events, args, offset):
+        for i, e in enumerate(events):
+            if e.name.startswith(GLOO_SPAN) and args:
+                t = _first_type(args[i].input_types)
+                if t:
+                    self.collective_args[offset + i] = t
         return {"tid": ids_of(events, "tid"), "ext_id": ints_of(args, "ext_id")}
 
     def finish(self, cols, out):

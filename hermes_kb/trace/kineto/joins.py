@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgspec
@@ -9,7 +10,13 @@ import numpy as np
 import pandas as pd
 
 from ...core.dtypes import element_bytes
+from ..args import decode
+from ..bundle import TraceMeta
 from ..names import collective_kind, is_collective_kernel
+from .frames import GLOO_SPAN
+from .schema import CollectiveArgs
+
+C10D_PREFIX = "c10d::"
 
 
 def _split_text(v) -> str:
@@ -18,9 +25,17 @@ def _split_text(v) -> str:
     return v if isinstance(v, str) else msgspec.json.encode(v).decode()
 
 
-def collectives(cpu_ops: pd.DataFrame, cpu_args: dict, kernels: pd.DataFrame, kernel_args: dict) -> pd.DataFrame:
+def collectives(cpu_ops: pd.DataFrame, cpu_args: dict, kernels: pd.DataFrame, kernel_args: dict,
+                annotations: pd.DataFrame | None = None, gloo_types: dict | None = None,
+                meta: TraceMeta | None = None) -> pd.DataFrame:  # fmt: skip
     """One row per collective: its kernel (when on a device) joined with the CPU op that
-    recorded its parameters (record_param_comms), or the CPU op alone on CPU-only traces."""
+    recorded its parameters (record_param_comms), or the CPU op alone on CPU-only traces. On a
+    trace without device activity whose collectives ran on gloo's threads (``gloo:*`` spans),
+    each span joined with the op that issued it (``host_collectives``)."""
+    if not len(kernels) and annotations is not None and meta is not None:
+        host = host_collectives(cpu_ops, cpu_args, annotations, gloo_types or {}, meta)
+        if host is not None:
+            return host
     coll_rows = sorted(cpu_args)
     param_set = set(coll_rows)
     cpu_ext = cpu_ops["ext_id"].to_numpy()
@@ -63,6 +78,10 @@ def collectives(cpu_ops: pd.DataFrame, cpu_args: dict, kernels: pd.DataFrame, ke
             rows.append(_collective_row(cpu_args[i], str(cpu_names.cat.categories[cpu_names.cat.codes.iat[i]]), "cpu", -1, i,
                                         float(cpu_cols["ts"][i]),
                                         float(cpu_cols["dur"][i]), -1, -1, int(cpu_cols["ext_id"][i])))  # fmt: skip
+    return _frame(rows)
+
+
+def _frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=_COLL_COLUMNS)
     for c in ("name", "kind", "source", "collective", "pg_name", "pg_desc", "pg_ranks", "dtype", "in_split",
               "out_split"):  # fmt: skip
@@ -73,6 +92,91 @@ def collectives(cpu_ops: pd.DataFrame, cpu_args: dict, kernels: pd.DataFrame, ke
     for c in ("ts", "dur", "end"):
         df[c] = df[c].astype(np.float64)
     return df.sort_values("ts", kind="stable").reset_index(drop=True)
+
+
+def host_collectives(cpu_ops: pd.DataFrame, cpu_args: dict, annotations: pd.DataFrame, gloo_types: dict,
+                     meta: TraceMeta) -> pd.DataFrame | None:  # fmt: skip
+    """The collectives of a CPU-only trace whose backend ran them on its own threads (gloo: a
+    ``gloo:<kind>`` span on a worker thread while the transfer runs, PyTorch 2.x), as rows of
+    source ``host``: the span's time (the transfer, the wait for the peers included), joined with
+    the op that issued it (``record_param_comms`` when recorded, else the ``c10d::<kind>_``
+    dispatcher op on the caller's thread: DDP's reducer inside the backward, or
+    ``dist.all_reduce``). Within each kind the n-th span belongs to the n-th issuing op that
+    started before it (gloo runs one group's collectives in the order they were issued). Sizes:
+    the issuing op's recorded sizes, else the elements of its first argument (``Input Dims``) x
+    the span's element type. The group: the one the op recorded, else the trace's only process
+    group. None when the trace has no gloo span (other readers then apply)."""
+    if not len(annotations):
+        return None
+    names = annotations["name"].astype(str).to_numpy()
+    span = np.flatnonzero(np.char.startswith(names.astype(str), GLOO_SPAN) & (annotations["dur"].to_numpy() > 0))
+    if not len(span):
+        return None
+    op_names = cpu_ops["name"].astype(str).to_numpy() if len(cpu_ops) else np.zeros(0, dtype=str)
+    if cpu_args:
+        issuers = np.array(sorted(cpu_args), dtype=np.int64)
+    else:
+        issuers = np.flatnonzero(np.char.startswith(op_names.astype(str), C10D_PREFIX)) if len(op_names) else \
+            np.zeros(0, np.int64)  # fmt: skip
+    op_kind = {int(i): collective_kind(cpu_args[int(i)].collective or op_names[i]) if cpu_args else
+               collective_kind(op_names[i]) for i in issuers.tolist()}  # fmt: skip
+    pgs = meta.process_groups
+    only = pgs[0] if len(pgs) == 1 and isinstance(pgs[0], dict) else {}
+    op_ts = cpu_ops["ts"].to_numpy(float) if len(cpu_ops) else np.zeros(0)
+    a_ts, a_dur = annotations["ts"].to_numpy(float), annotations["dur"].to_numpy(float)
+    a_ext = annotations["ext_id"].to_numpy()
+    queues: dict[str, list[int]] = {}
+    for i in sorted(op_kind, key=lambda j: op_ts[j]):
+        if op_kind[i] != "other":
+            queues.setdefault(op_kind[i], []).append(i)
+    taken = dict.fromkeys(queues, 0)
+    rows: list[dict[str, Any]] = []
+    for j in span[np.argsort(a_ts[span], kind="stable")].tolist():
+        kind = collective_kind(names[j])
+        q = queues.get(kind, [])
+        k = taken.get(kind, 0)
+        issuer = -1
+        if k < len(q) and op_ts[q[k]] <= a_ts[j] + 1.0:  # issued before its span starts (1 µs of clock slack)
+            issuer = q[k]
+            taken[kind] = k + 1
+        a = _host_args(cpu_ops, cpu_args, issuer, kind, gloo_types.get(j, ""), only)
+        rows.append(_collective_row(a, names[j], "host", -1, issuer, float(a_ts[j]), float(a_dur[j]), -1, -1,
+                                    int(a_ext[j])))  # fmt: skip
+    return _frame(rows)
+
+
+def _host_args(cpu_ops: pd.DataFrame, cpu_args: dict, issuer: int, kind: str, dtype: str, pg: dict) -> CollectiveArgs:
+    """What is known of one host collective: the issuing op's recorded parameters, else its size
+    from ``Input Dims``, the span's element type and the trace's only process group."""
+    if issuer >= 0 and issuer in cpu_args:
+        return cpu_args[issuer]
+    n = _elements(str(cpu_ops["input_dims"].iat[issuer]), str(cpu_ops["input_types"].iat[issuer])) \
+        if issuer >= 0 else None  # fmt: skip
+    ranks = pg.get("ranks")
+    return CollectiveArgs(
+        collective=kind, in_nelems=n, out_nelems=n, dtype=dtype or None,
+        group_size=int(pg["pg_size"]) if isinstance(pg.get("pg_size"), int) else None,
+        pg_name=str(pg["pg_name"]) if pg.get("pg_name") is not None else None,
+        pg_desc=str(pg["pg_desc"]) if isinstance(pg.get("pg_desc"), str) else None,
+        pg_ranks=ranks if isinstance(ranks, list) else None,
+    )  # fmt: skip
+
+
+def _elements(dims: str, types: str) -> int | None:
+    """Elements of an op's first argument from its ``Input Dims`` text: a tensor's shape, or a
+    list of shapes (``TensorList``, e.g. ``[[[265738]]]`` for one bucket); None when not recorded."""
+    d, t = decode(dims), decode(types)
+    if not isinstance(d, list) or not d:
+        return None
+    first = d[0]
+    is_list = isinstance(t, list) and t and t[0] == "TensorList"
+    shapes = first if is_list else [first]
+    total = 0
+    for sh in shapes if isinstance(shapes, list) else []:
+        if not isinstance(sh, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in sh):
+            return None
+        total += math.prod(sh)
+    return total if shapes else None
 
 
 _COLL_COLUMNS = [

@@ -84,6 +84,7 @@ class CpuOpArgs(CollectiveArgs, gc=False):
 class AnnotationArgs(msgspec.Struct, gc=False):
     ext_id: int = field(default=-1, name="External id")
     rf_id: int = field(default=-1, name="Record function id")
+    input_types: Raw = field(default=Raw(b""), name="Input type")  # gloo:* spans: the element type
 
 
 class KernelArgs(CollectiveArgs, gc=False):
