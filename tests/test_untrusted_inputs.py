@@ -97,3 +97,51 @@ def test_a_step_annotation_spanning_the_others_is_left_out(tmp_path):
     b = hermes_kb.load(_write(tmp_path / "t.json", {"traceEvents": ev}))
     assert b[0].steps["step"].tolist() == [1, 2, 3] and b[0].steps["dur"].tolist() == [100.0] * 3
     assert any("ProfilerStep(s) [9] span the step(s) after them" in w for w in b[0].warnings)
+
+
+# ---- an Ascend export database from someone else (issue 37) ----------------------------------
+
+def _db_with(tmp_path: Path, extra_sql: list[str], drop: tuple[str, ...] = ()) -> Path:
+    import sqlite3
+
+    from test_reader_ascend_db import _rank_dir, _tiny_db
+
+    db = _tiny_db(_rank_dir(tmp_path) / "ascend_pytorch_profiler_0.db", drop=drop)
+    con = sqlite3.connect(db)
+    for sql in extra_sql:
+        con.execute(sql)
+    con.commit()
+    con.close()
+    return tmp_path / "rank0_ascend_pt"
+
+
+def test_a_view_under_a_profiler_tables_name_is_not_run(tmp_path):
+    # TASK as a recursive view that never ends: before, hermes ran it and hung forever
+    view = ("CREATE VIEW TASK AS WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n) "
+            "SELECT x AS startNs, x AS endNs, 0 AS deviceId, 0 AS connectionId, x AS globalTaskId, 0 AS globalPid, "
+            "0 AS taskType, 0 AS contextId, 0 AS streamId, 0 AS taskId, 0 AS modelId, 0 AS depth FROM n")
+    rank = _db_with(tmp_path, [view], drop=("TASK",))
+    (t,) = hermes_kb.load(rank)
+    # the host side and the collective are read, the view's tasks are not
+    assert t.kernels["name"].astype(str).tolist() == ["hcom_allReduce__1_0_1"] and len(t.cpu_ops) == 2
+    assert any("TASK (a view): not read" in w for w in t.warnings)
+
+
+def test_a_table_over_the_event_limit_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    rank = _db_with(tmp_path, [])
+    monkeypatch.setenv("HERMES_MAX_EVENTS", "20")  # STRING_IDS holds 23 rows, the first table read
+    with pytest.raises(BadTraceError) as exc:
+        hermes_kb.load(rank)
+    msg = str(exc.value)
+    assert "table STRING_IDS has 23 rows, more than HERMES_MAX_EVENTS=20" in msg and "profiler_0.db" in msg
+
+
+def test_the_databases_time_budget_interrupts_a_query(tmp_path):
+    from hermes_kb.trace.ascend.db_file import SqliteFile
+
+    db = SqliteFile(_db_with(tmp_path, []) / "ASCEND_PROFILER_OUTPUT" / "ascend_pytorch_profiler_0.db")
+    db._deadline = 0.0  # spent
+    with pytest.raises(BadTraceError) as exc:
+        db.query("WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n) SELECT count(*) FROM n", "n")
+    assert "stopped after 600 s (HERMES_MAX_DB_SECONDS" in str(exc.value)
+    db.close()

@@ -8,6 +8,10 @@
 - ``HERMES_MAX_EVENTS`` (default 10,000,000): the most events one file may hold (counted as JSON
   objects before decoding, twice the limit at most, then exactly).
 
+- ``HERMES_MAX_DB_SECONDS`` (default 600): the wall time all queries of one sqlite export (torch_npu's
+  db) may take together; sqlite is interrupted past it. Its tables are held to ``HERMES_MAX_EVENTS``
+  rows each, counted before one is read.
+
 Only regular files are read: a FIFO, a socket or a device (``/dev/zero``) is refused when it is
 opened (non-blocking, so a FIFO with no writer never hangs), never read.
 """
@@ -44,6 +48,13 @@ def max_bytes() -> int:
 
 def max_events() -> int:
     return _env_int("HERMES_MAX_EVENTS", DEFAULT_MAX_EVENTS)
+
+
+DEFAULT_DB_SECONDS = 600
+
+
+def max_db_seconds() -> int:
+    return _env_int("HERMES_MAX_DB_SECONDS", DEFAULT_DB_SECONDS)
 
 
 def gzip_limit(compressed: int) -> int:

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ...core.errors import BadTraceError
-from .db_file import SqliteFile, empty_frame, int_ids
+from .db_file import SqliteFile, empty_frame, int_ids, refused_objects
 
 _TRANSPORTS = ("RDMA", "HCCS", "PCIE", "SDMA", "SIO")
 _STEP_COLS = {"computing": "computing_us", "communication_not_overlapped": "comm_not_overlapped_us",
@@ -33,6 +33,7 @@ def read_analysis_db(path: Path, warnings: list[str]) -> dict[str, pd.DataFrame 
     when its table is absent), in the shapes of the text export's readers."""
     db = SqliteFile(path)
     try:
+        warnings += refused_objects(db)
         return _analysis(db, warnings)
     finally:
         db.close()

@@ -41,7 +41,7 @@ from ...core.errors import BadTraceError
 from .analysis_db import read_analysis_db
 from .build import build_rank
 from .db_device import device_tasks, op_flows, step_time
-from .db_file import SqliteFile, one_line
+from .db_file import SqliteFile, refused_objects
 from .db_host import cann_calls, host_frames, read_db_meta
 from .db_tables import aicore_freq, api_statistic, memory_record, op_statistic, overlap_intervals
 from .files import AscendFiles, AscendMeta, read_meta
@@ -54,6 +54,7 @@ def read_profiler_db(path: Path, meta_a: AscendMeta, warnings: list[str]):
     api_statistic); ``meta_a`` gains the db's device name, environment and rank."""
     db = SqliteFile(path)
     try:
+        warnings += refused_objects(db)
         if "STRING_IDS" not in db.tables:
             raise BadTraceError("not a torch_npu profiler db: no STRING_IDS table", str(path))
         if not db.tables & {"PYTORCH_API", "TASK", "CANN_API", "COMMUNICATION_OP"}:
@@ -76,8 +77,8 @@ def read_profiler_db(path: Path, meta_a: AscendMeta, warnings: list[str]):
         warnings += tl.warnings
         mem = memory_record(db, st)
         return tl, kd, mem, op_statistic(kd), api_statistic(cann)
-    except sqlite3.Error as exc:  # a damaged page met halfway through
-        raise BadTraceError(f"not a readable sqlite database ({one_line(exc)})", str(path)) from None
+    except sqlite3.Error as exc:  # a damaged page met halfway through, or the time budget spent
+        raise BadTraceError(db._reason(exc, "not a readable sqlite database"), str(path)) from None
     finally:
         db.close()
 

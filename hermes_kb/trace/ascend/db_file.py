@@ -5,6 +5,7 @@ interned strings, ids, ns times to µs."""
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 
 import numpy as np
@@ -15,21 +16,55 @@ from ...core.errors import BadTraceError
 
 
 class SqliteFile:
-    """A read-only sqlite file: its tables and columns, and queries that fail as BadTraceError."""
+    """A read-only sqlite file: its tables and columns, and queries that fail as BadTraceError.
+
+    The file may come from someone else, so only what the profiler writes is read: plain tables.
+    A view or a virtual table under a table's name is left out with a warning (``refused``; a view
+    runs its author's query, e.g. a recursive one that never ends), a table of more rows than
+    ``HERMES_MAX_EVENTS`` is refused before it is read, and every query of the file together gets
+    ``HERMES_MAX_DB_SECONDS`` of wall time (default 600 s), past which sqlite is interrupted."""
 
     def __init__(self, path: Path):
         self.path = path
         limits.check_size(path, what="a sqlite database")  # a FIFO or device is refused, never opened
+        self.budget_s = limits.max_db_seconds()
+        self._deadline = time.monotonic() + self.budget_s
+        self._timed_out = False
+        self._rows: dict[str, int] = {}
         try:
             # read-only and immutable: sqlite never writes -shm / -wal files beside it (a WAL-mode
             # export in a read-only directory fails otherwise), never takes a lock
             self.con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
-            rows = self.con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view')").fetchall()
-            self.tables = {r[0] for r in rows}
+            self.con.set_progress_handler(self._progress, 10_000)
+            rows = self.con.execute("SELECT name, type, coalesce(sql, '') FROM sqlite_master "
+                                    "WHERE type IN ('table', 'view')").fetchall()  # fmt: skip
+            self.refused = sorted(f"{n} ({'a view' if t == 'view' else 'a virtual table'})" for n, t, sql in rows
+                                  if t == "view" or sql.lstrip().upper().startswith("CREATE VIRTUAL"))  # fmt: skip
+            self.tables = {n for n, t, sql in rows if t == "table" and not sql.lstrip().upper().startswith("CREATE VIRTUAL")}
             self.columns = {t: {r[1] for r in self.con.execute(f'PRAGMA table_info("{t}")')} for t in self.tables}
         except sqlite3.Error as exc:
-            raise BadTraceError(f"not a readable sqlite database ({one_line(exc)})", str(path)) from None
+            raise BadTraceError(self._reason(exc, "not a readable sqlite database"), str(path)) from None
         self._strings: dict[int, str] | None = None
+
+    def _progress(self) -> int:
+        if time.monotonic() > self._deadline:
+            self._timed_out = True
+            return 1  # sqlite stops the statement with "interrupted"
+        return 0
+
+    def _reason(self, exc: Exception, what: str) -> str:
+        if self._timed_out:
+            return f"{what}: stopped after {self.budget_s:g} s (HERMES_MAX_DB_SECONDS; raise it for a database this large)"
+        return f"{what} ({one_line(exc)})"
+
+    def _check_rows(self, table: str) -> None:
+        if table not in self.tables or table in self._rows:
+            return
+        n = int(self.con.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0])
+        self._rows[table] = n
+        if n > limits.max_events():
+            raise BadTraceError(f"table {table} has {n:,} rows, more than HERMES_MAX_EVENTS={limits.max_events():,}: "
+                                "not read (raise the limit to read it)", str(self.path))  # fmt: skip
 
     def close(self) -> None:
         self.con.close()
@@ -38,10 +73,12 @@ class SqliteFile:
         return table in self.tables and all(c in self.columns[table] for c in cols)
 
     def query(self, sql: str, what: str) -> pd.DataFrame:
+        """``what``: the table read (its rows are counted against HERMES_MAX_EVENTS first)."""
         try:
+            self._check_rows(what)
             return pd.read_sql_query(sql, self.con)
         except (sqlite3.Error, pd.errors.DatabaseError, ValueError) as exc:
-            raise BadTraceError(f"cannot read {what} ({one_line(exc)})", str(self.path)) from None
+            raise BadTraceError(self._reason(exc, f"cannot read {what}"), str(self.path)) from None
 
     def strings(self) -> dict[int, str]:
         if self._strings is None:
@@ -55,6 +92,11 @@ class SqliteFile:
             df = self.query(f'SELECT id, name FROM "{table}"', table)
             out.update(zip(df["id"].astype(np.int64), df["name"].astype(str)))
         return out
+
+
+def refused_objects(db: SqliteFile) -> list[str]:
+    """The warnings for the views and virtual tables of a db that were not read."""
+    return [f"{db.path}: {r}: not read (a profiler export holds plain tables)" for r in db.refused]
 
 
 def one_line(exc: Exception) -> str:
