@@ -145,3 +145,12 @@ def test_the_databases_time_budget_interrupts_a_query(tmp_path):
         db.query("WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n) SELECT count(*) FROM n", "n")
     assert "stopped after 600 s (HERMES_MAX_DB_SECONDS" in str(exc.value)
     db.close()
+
+
+def test_a_trace_of_device_activity_only_says_so(tmp_path):
+    k = {"ph": "X", "cat": "kernel", "name": "sgemm", "pid": 0, "tid": 7, "ts": 10, "dur": 50,
+         "args": {"device": 0, "stream": 7, "correlation": 1}}  # fmt: skip
+    (t,) = hermes_kb.load(_write(tmp_path / "t.json", {"traceEvents": [k, dict(k, ts=100)]}))
+    assert any(w.startswith("device activity only: no cpu_op, runtime or annotation events") for w in t.warnings)
+    (t,) = hermes_kb.load(_write(tmp_path / "u.json", {"traceEvents": [k, OP]}))
+    assert not any("device activity only" in w for w in t.warnings)

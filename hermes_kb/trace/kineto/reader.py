@@ -348,6 +348,10 @@ def parse_kineto(path: str, raw: bytes | None = None, split: bool = True) -> tup
     steps, warnings = kj.steps(annotations)
     if drops.total:
         warnings.insert(0, drops.message())
+    if not (len(cpu_ops) or len(runtime) or len(annotations)) and (len(kernels) or len(memcpy)):
+        warnings.append("device activity only: no cpu_op, runtime or annotation events, so no step marks and no host "
+                        "side; the whole capture is one window, and launch, dispatch, data and Python causes cannot be "
+                        "seen (profile with ProfilerActivity.CPU as well)")  # fmt: skip
     meta = _meta(doc, b.meta_events, path)
     trace = RankTrace(
         meta=meta,
