@@ -154,3 +154,19 @@ def test_a_trace_of_device_activity_only_says_so(tmp_path):
     assert any(w.startswith("device activity only: no cpu_op, runtime or annotation events") for w in t.warnings)
     (t,) = hermes_kb.load(_write(tmp_path / "u.json", {"traceEvents": [k, OP]}))
     assert not any("device activity only" in w for w in t.warnings)
+
+
+def test_a_capture_from_another_process_is_left_out_of_a_run(tmp_path):
+    # the bad run's log with the fixed twin's capture (another process) under its name
+    import shutil
+
+    rec = Path(__file__).resolve().parents[1] / "benchmarks/scenarios/recorded/dist_metric_allreduce"
+    for f in ("rank0.jsonl", "rank0.monitor.jsonl"):
+        shutil.copy(rec / "bad" / f, tmp_path / f)
+    shutil.copy(rec / "fixed" / "rank0.capture-profile.json.gz", tmp_path / "rank0.capture-profile.json.gz")
+    report = hermes_kb.advise(tmp_path)
+    assert any("not a capture of this run (its host events are of process 2995, rank 0's log is of process 2979)" in w
+               for w in report.warnings)  # fmt: skip
+    assert not report.summary or all(not s.phases_us for s in report.summary)  # nothing of the foreign trace
+    shutil.copy(rec / "bad" / "rank0.capture-profile.json.gz", tmp_path / "rank0.capture-profile.json.gz")
+    assert not any("not a capture of this run" in w for w in hermes_kb.advise(tmp_path).warnings)

@@ -55,10 +55,14 @@ def analyze_run_dir(run_dir: str | os.PathLike, *, max_workers: int | None = Non
     if newest:
         try:
             bundle = load([str(p) for p in newest], max_workers=max_workers)
-            merge_monitor_env(bundle, run)
-            trace_facts, replay = analyze_with_replay(bundle, max_workers=max_workers)
-            facts.extend(trace_facts)
-            warnings += [f"skipped {p.message}" for p in bundle.problems] + list(bundle.warnings)
+            warnings += foreign_captures(bundle, run)
+            if bundle.ranks:
+                merge_monitor_env(bundle, run)
+                trace_facts, replay = analyze_with_replay(bundle, max_workers=max_workers)
+                facts.extend(trace_facts)
+                warnings += [f"skipped {p.message}" for p in bundle.problems] + list(bundle.warnings)
+            else:
+                bundle = None
         except HermesError as err:
             warnings.append(f"captured traces not analysed: {err}")
     if bundle is not None:
@@ -78,6 +82,28 @@ def analyze_run_dir(run_dir: str | os.PathLike, *, max_workers: int | None = Non
     warnings += notes_warnings(run)  # the monitor's automatic captures and their reasons
     warnings = list(dict.fromkeys(warnings))  # each warning once
     return RunAnalysis(run=run, facts=facts, bundle=bundle, warnings=warnings, replay=replay)
+
+
+def foreign_captures(bundle: TraceBundle, run: RunLog) -> list[str]:
+    """Leave out of ``bundle`` the captures another process made: the rank's log records the pid of
+    the training process, and a capture of that run holds host events of that pid (a trace copied
+    in from another job, a twin run or another machine does not). A rank whose log records no pid,
+    or whose capture holds no host event, is kept."""
+    out = []
+    for rank in sorted(bundle.ranks):
+        trace = bundle.ranks[rank]
+        log = run.ranks.get(rank)
+        pid = (log.environment or {}).get("pid") if log is not None else None
+        ops = trace.cpu_ops
+        if not isinstance(pid, int) or not len(ops) or "pid" not in ops.columns:
+            continue
+        pids = set(ops["pid"].astype("int64").unique().tolist())
+        if pid not in pids:
+            del bundle.ranks[rank]
+            shown = ", ".join(str(p) for p in sorted(pids)[:3])
+            out.append(f"{trace.meta.source}: not a capture of this run (its host events are of process {shown}, "
+                       f"rank {rank}'s log is of process {pid}): left out")  # fmt: skip
+    return out
 
 
 def merge_monitor_env(bundle: TraceBundle, run: RunLog) -> None:
