@@ -154,7 +154,16 @@ def test_rank_from_distributed_info_then_filename_then_order(tmp_path):
     by_file = {t.meta.source.rsplit("/", 1)[-1]: (t.rank, t.meta.rank_source) for t in b}
     assert by_file == {"worker3.json": (3, "filename"), "rank-9.json": (5, "distributedInfo"),
                        "zzz.json": (0, "order")}  # fmt: skip
-    assert any("by order" in w for w in b.warnings)
+    assert any("zzz.json: no rank in distributedInfo or file name; numbered 0 by file order" in w for w in b.warnings)
+
+
+def test_a_rank_taken_by_another_file_is_named_with_the_number_it_got(tmp_path):
+    write_trace(tmp_path / "a.json", [X("cpu_op", "a", 0, 1)], distributedInfo={"rank": 1})
+    write_trace(tmp_path / "rank1.json", [X("cpu_op", "b", 0, 1)])
+    b = hermes_kb.load(tmp_path)
+    notes = [w for w in b.warnings if "rank1.json" in w]
+    assert len(notes) == 1 and "rank 1 (filename) already taken by another file; numbered 0 by file order" in notes[0]
+    assert not any("no rank in distributedInfo" in w for w in b.warnings)
 
 
 def test_list_of_files_loads_in_parallel_processes(tmp_path):

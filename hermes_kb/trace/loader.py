@@ -182,23 +182,23 @@ def number_ranks(claims: list[tuple[TraceMeta, int | None, str]]) -> list[str]:
     claim unless another file took it first, else the next free number (with a note)."""
     notes: list[str] = []
     taken: set[int] = set()
-    pending: list[TraceMeta] = []
+    pending: list[tuple[TraceMeta, int | None, str]] = []
     for meta, r, how in claims:
         if r is None or r in taken:
-            if r is not None:
-                notes.append(f"{meta.source}: rank {r} ({how}) already taken by another file; numbered by order")
-            pending.append(meta)
+            pending.append((meta, r, how))
             continue
         meta.rank, meta.rank_source = r, how
         taken.add(r)
     nxt = 0
-    for meta in pending:
+    for meta, r, how in pending:
         while nxt in taken:
             nxt += 1
         meta.rank, meta.rank_source = nxt, "order"
         taken.add(nxt)
-        if len(claims) > 1:
-            notes.append(f"{meta.source}: no rank in distributedInfo or file name; numbered {nxt} by order")
+        if r is not None:
+            notes.append(f"{meta.source}: rank {r} ({how}) already taken by another file; numbered {nxt} by file order")
+        elif len(claims) > 1:
+            notes.append(f"{meta.source}: no rank in distributedInfo or file name; numbered {nxt} by file order")
     return notes
 
 
