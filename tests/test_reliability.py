@@ -522,7 +522,9 @@ def _case_with(explanation: str) -> str:
 
 @pytest.mark.parametrize(
     "template", ["{{ range(10**8) | list }}", "{{ 10 ** 10 ** 8 }}", "{{ ''.join(x) }}", "{{ d.__class__ }}",
-                 "{% for i in d.x %}{{ i }}{% endfor %}", '{{ "%0999999999d" | format(1) }}', "{{ 'x' | center(10**9) }}"],
+                 "{% for i in d.x %}{{ i }}{% endfor %}", '{{ "%0999999999d" | format(1) }}', "{{ 'x' | center(10**9) }}",
+                 # issue 37: widths from the operands, and a list of one long string repeated
+                 "{{ '%*d' % (d.n, 1) }}", "{{ '%.*f' | format(d.n, 1.0) }}", "{{ (['x' * 19999] * 19999) | join | list }}"],
 )  # fmt: skip
 def test_templates_that_could_run_away_are_refused_at_load(tmp_path, template):
     from hermes_kb.kb.loader import kb_dirs
@@ -545,7 +547,8 @@ def test_the_render_sandbox_bounds_what_facts_can_build():
     env = BoundedSandbox()
     t = time.time()
     for src, ctx in (("{{ a * n }}", {"a": "x", "n": 10**9}), ("{{ a % 1 }}", {"a": "%0999999999d"}),
-                     ("{{ a | format(1) }}", {"a": "%0999999999d"}), ("{{ a ** b }}", {"a": 10, "b": 10**8})):  # fmt: skip
+                     ("{{ a | format(1) }}", {"a": "%0999999999d"}), ("{{ a ** b }}", {"a": 10, "b": 10**8}),
+                     ("{{ a % (w, 1) }}", {"a": "%*d", "w": 10**9}), ("{{ ([a] * n) | join }}", {"a": "x" * 19999, "n": 19999})):  # fmt: skip
         with pytest.raises(SecurityError):
             env.from_string(src).render(**ctx)
     assert time.time() - t < 2

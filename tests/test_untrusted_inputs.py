@@ -170,3 +170,44 @@ def test_a_capture_from_another_process_is_left_out_of_a_run(tmp_path):
     assert not report.summary or all(not s.phases_us for s in report.summary)  # nothing of the foreign trace
     shutil.copy(rec / "bad" / "rank0.capture-profile.json.gz", tmp_path / "rank0.capture-profile.json.gz")
     assert not any("not a capture of this run" in w for w in hermes_kb.advise(tmp_path).warnings)
+
+
+def test_a_step_of_days_in_a_monitor_log_is_left_out_with_a_warning(tmp_path):
+    import shutil
+
+    rec = Path(__file__).resolve().parents[1] / "benchmarks/scenarios/recorded/ddp_small_buckets/fixed"
+    for f in rec.iterdir():
+        if not f.name.endswith(".capture-profile.json.gz"):  # the monitor's own view of the run
+            shutil.copy(f, tmp_path / f.name)
+    lines = (tmp_path / "rank0.jsonl").read_text().splitlines()
+    i = next(k for k, line in enumerate(lines) if '"step":40,' in line)
+    rec40 = json.loads(lines[i])
+    rec40["wall_s"] = 6.9 * 86400  # a suspended process, or a clock jump
+    lines[i] = json.dumps(rec40)
+    (tmp_path / "rank0.jsonl").write_text("\n".join(lines) + "\n")
+    base = hermes_kb.advise(rec.parent / "fixed")
+    got = hermes_kb.advise(tmp_path)
+    assert any("rank 0: 1 monitored step(s) over 1,000x the median step left out" in w for w in got.warnings)
+    mean = {s.rank: s.mean_step_us for s in got.summary}
+    assert 0.9 < mean[0] / next(s.mean_step_us for s in base.summary if s.rank == 0) < 1.1
+
+
+def _steps_trace(path: Path, last_dur: float, busy_last: bool) -> Path:
+    # four steps of 100 µs, each with an operator of 80 µs; the last one lasts last_dur, with one
+    # operator over all of it (busy: a compilation) or over 80 µs only (an empty stretch)
+    ev = []
+    for k in range(4):
+        dur = last_dur if k == 3 else 100
+        ev.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{k + 1}", "pid": 1, "tid": 1,
+                   "ts": 100 * k, "dur": dur})  # fmt: skip
+        ev.append(dict(OP, ts=100 * k + 10, dur=(dur - 20) if busy_last and k == 3 else 80))
+    return _write(path, {"traceEvents": ev})
+
+
+def test_an_empty_stretched_step_is_left_out_and_named(tmp_path):
+    r = hermes_kb.advise(_steps_trace(tmp_path / "t.json", 100_000, busy_last=False))
+    assert r.summary[0].mean_step_us == pytest.approx(100.0)
+    assert any("rank 0: step 4 lasted 100.0 ms, over 20x the median of the others (0.1 ms), with little traced work "
+               "in it: an empty stretch: left out" in w for w in r.warnings)  # fmt: skip
+    busy = hermes_kb.advise(_steps_trace(tmp_path / "u.json", 100_000, busy_last=True))
+    assert busy.summary[0].mean_step_us > 20_000 and not any("empty stretch" in w for w in busy.warnings)

@@ -107,6 +107,12 @@ def none_if_nan(v: float) -> float | None:
     return None if v is None or np.isnan(v) else float(v)
 
 
+# a step over this many times the median step, and over a minute, is left out: a suspended
+# process or a clock jump (a 6.9-day step once made a rank's mean 2,013 s), never a step's work
+OUTLIER_RATIO = 1000.0
+OUTLIER_MIN_S = 60.0
+
+
 class Series:
     """One rank's step columns as numpy arrays, warm-up steps and the steps the monitor slowed
     itself (captures, the FLOP-counted step) dropped. The warm-up is the one the monitor
@@ -131,6 +137,12 @@ class Series:
         skip = _perturbed(log, notes)
         if skip:
             keep &= ~np.isin(steps, np.fromiter(skip, dtype=np.int64))
+        self.outliers = 0
+        if keep.sum() >= 3:  # a pause or a clock jump, not work: it would make the mean meaningless
+            wall = np.nan_to_num(np.asarray(log.wall_s, dtype=np.float64), nan=0.0)
+            out = keep & (wall > OUTLIER_RATIO * float(np.median(wall[keep]))) & (wall > OUTLIER_MIN_S)
+            keep &= ~out
+            self.outliers = int(out.sum())
         self.excluded = int(n - w - keep.sum())
 
         def col(a, dtype=np.float64):

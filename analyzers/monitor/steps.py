@@ -13,7 +13,7 @@ import numpy as np
 from hermes_kb.facts.base import Evidence
 from hermes_kb.facts.monitor import MonitorPageFaults, MonitorSpikes, MonitorSteps
 
-from .series import Series, finite_num, mfu_note, nan_median, none_if_nan
+from .series import OUTLIER_RATIO, Series, finite_num, mfu_note, nan_median, none_if_nan
 
 ROLL = 33  # centred rolling window of the spike test, in steps
 SPIKE_K = 5.0
@@ -44,6 +44,7 @@ def steps_fact(rank: int, s: Series, notes: list[dict] | None = None) -> Monitor
         warmup_steps_count=s.warmup,
         warmup_detected=s.detected,
         excluded_steps_count=s.excluded,
+        outlier_steps_count=s.outliers,
         median_us=float(np.median(s.wall)),
         mean_us=float(s.wall.mean()),
         p95_us=float(np.percentile(s.wall, 95)),
@@ -68,7 +69,10 @@ def steps_fact(rank: int, s: Series, notes: list[dict] | None = None) -> Monitor
         online_fluctuations_count=int(s.flags.sum()),
         evidence=Evidence(note=f"steps {int(s.step[0])}-{int(s.step[-1])} of the monitor log"
                           + (f" (warm-up detected: {s.warmup} steps)" if s.detected else "")
-                          + (f"; {s.excluded} step(s) the monitor slowed left out" if s.excluded else "")),
+                          + (f"; {s.excluded - s.outliers} step(s) the monitor slowed left out"
+                             if s.excluded - s.outliers else "")
+                          + (f"; {s.outliers} step(s) over {OUTLIER_RATIO:,.0f}x the median left out (a pause or a "
+                             "clock jump)" if s.outliers else "")),
     )
 
 

@@ -22,6 +22,12 @@ from ..context import RankContext, StepWindow
 
 PARTIAL_RATIO = 0.6
 FIRST_RATIO = 1.5
+# a step over STRETCH_RATIO x the median of the others in which the rank traced less than
+# EMPTY_RATIO x that median of work is an empty stretch (a moved annotation, a clock jump, a
+# suspended process): left out, it would make the mean meaningless. A long step that is busy
+# (compilation, a checkpoint) is kept: it is part of what the step costs.
+STRETCH_RATIO = 20.0
+EMPTY_RATIO = 2.0
 
 
 def _device_end_of_launches(trace: RankTrace, start: float, end: float) -> float:
@@ -81,6 +87,35 @@ def _infer_marks(trace: RankTrace) -> tuple[pd.DataFrame | None, str, str | None
     return None, "whole_trace", None
 
 
+def _busy_us(trace: RankTrace, lo: float, hi: float) -> float:
+    """µs of [lo, hi) covered by the rank's traced work: top-level CPU ops, runtime calls, kernels
+    and copies."""
+    from .. import intervals as iv
+
+    starts, ends = [], []
+    for df, top in ((trace.cpu_ops, True), (trace.runtime, False), (trace.kernels, False), (trace.memcpy, False)):
+        if not len(df):
+            continue
+        m = (df["end"].to_numpy() > lo) & (df["ts"].to_numpy() < hi)
+        if top:
+            m &= df["depth"].to_numpy() == 0
+        starts.append(np.clip(df["ts"].to_numpy(np.float64)[m], lo, hi))
+        ends.append(np.clip(df["end"].to_numpy(np.float64)[m], lo, hi))
+    return iv.length(iv.union(np.concatenate(starts), np.concatenate(ends))) if starts else 0.0
+
+
+def _empty_stretches(trace: RankTrace, windows: list) -> tuple[list, list[int], str]:
+    durs = np.array([w.duration_us for w in windows])
+    out, why = [], []
+    for i, w in enumerate(windows):
+        med = float(np.median(np.delete(durs, i)))
+        if med > 0 and w.duration_us > STRETCH_RATIO * med and _busy_us(trace, w.start_us, w.end_us) < EMPTY_RATIO * med:
+            out.append(w.step)
+            why.append(f"step {w.step} lasted {w.duration_us / 1e3:,.1f} ms, over {STRETCH_RATIO:.0f}x the median of the "
+                       f"others ({med / 1e3:,.1f} ms), with little traced work in it: an empty stretch")  # fmt: skip
+    return [w for w in windows if w.step not in out], out, "; ".join(why)
+
+
 def step_context(trace: RankTrace) -> tuple[RankContext, list]:
     """The rank's analysis windows and the step facts."""
     marks = trace.steps
@@ -111,6 +146,11 @@ def step_context(trace: RankTrace) -> tuple[RankContext, list]:
                 reason = ((reason + "; ") if reason else "") + (f"last step lasted {(last.cpu_end_us - last.start_us) / 1e3:.1f} ms, under "
                           f"{PARTIAL_RATIO:.0%} of the median of the others ({med / 1e3:.1f} ms): a partial capture")  # fmt: skip
                 windows = windows[:-1]
+        if len(windows) >= 3:
+            windows, empty, why = _empty_stretches(trace, windows)
+            if empty:
+                excluded += empty
+                reason = ((reason + "; ") if reason else "") + why
     ctx = RankContext(trace=trace, windows=windows, excluded_steps=excluded, step_source=source)
     facts = [
         StepStructure(

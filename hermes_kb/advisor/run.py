@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..analysis.run import analyze_with_replay
+from ..analysis.run import analyze_with_replay, excluded_step_warnings
 from ..analysis.run_dir import analyze_run_dir, as_run_dir, run_platform, run_summary
 from ..core.version import __version__
 from ..facts.base import Fact
@@ -87,6 +87,7 @@ def _of_bundle(bundle: TraceBundle, facts: Sequence[Fact], replay: Mapping[Any, 
     warnings = [f"skipped {p.message}" for p in bundle.problems] + list(bundle.warnings)
     warnings += [f"analyzer {f.analyzer} failed on rank {f.rank}: {f.message}"
                  for f in of_kinds(facts, ("analyzer_error",))]  # fmt: skip
+    warnings += excluded_step_warnings(list(facts))
     return Analysed(
         facts=facts,
         replay=replay,

@@ -70,3 +70,14 @@ def analyze_with_replay(bundle: TraceBundle, *, max_workers: int | None = None,
         if state is not None:
             replay[r] = state
     return facts, replay
+
+
+def excluded_step_warnings(facts: list[Fact]) -> list[str]:
+    """The steps a rank's analysis left out as empty stretches (analyzers/timeline/steps.py), named."""
+    out = []
+    for f in facts:
+        if f.kind == "step_structure" and getattr(f, "excluded_reason", None) and "empty stretch" in f.excluded_reason:
+            parts = [p for p in f.excluded_reason.split("; ") if "empty stretch" in p]
+            out += [f"rank {f.rank}: {p}: left out" for p in parts]
+    return out
+

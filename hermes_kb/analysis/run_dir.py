@@ -42,7 +42,7 @@ def analyze_run_dir(run_dir: str | os.PathLike, *, max_workers: int | None = Non
     from ..analyzers.monitor.profiler_overhead import with_profiler_overhead
     from ..analyzers.monitor.run_log import monitor_facts
     from ..trace import load
-    from .run import analyze_with_replay
+    from .run import analyze_with_replay, excluded_step_warnings
 
     run = read_run(run_dir)
     if not run.ranks:
@@ -77,8 +77,12 @@ def analyze_run_dir(run_dir: str | os.PathLike, *, max_workers: int | None = Non
                  f"sample less often (Monitor(sample_every=..., procs_every_s=...))"
                  for f in facts if f.kind == "untraced_host_time" and f.step is None and f.window_us > 0
                  and f.monitor_us >= MONITOR_WARN_SHARE * f.window_us]  # fmt: skip
+    warnings += [f"rank {f.rank}: {f.outlier_steps_count} monitored step(s) over 1,000x the median step left out "
+                 "(a suspended process or a clock jump, not work)" for f in facts
+                 if f.kind == "monitor_steps" and f.outlier_steps_count]  # fmt: skip
     warnings += [f"analyzer {f.analyzer} failed on rank {f.rank}: {f.message}"
                  for f in facts if f.kind == "analyzer_error"]  # fmt: skip
+    warnings += excluded_step_warnings(facts)
     warnings += notes_warnings(run)  # the monitor's automatic captures and their reasons
     warnings = list(dict.fromkeys(warnings))  # each warning once
     return RunAnalysis(run=run, facts=facts, bundle=bundle, warnings=warnings, replay=replay)

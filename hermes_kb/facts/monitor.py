@@ -25,8 +25,10 @@ class MonitorSteps(Fact):
     warmup_detected: bool = Field(default=False, description="the warm-up is the one the monitor detected from the "
                                   "step times (else a fixed 2 steps)")  # fmt: skip
     excluded_steps_count: int = measure("count", "steps after warm-up left out because the monitor slowed them "
-                                        "(captured steps and the step writing the trace, the FLOP-counted step)",
-                                        default=0)  # fmt: skip
+                                        "(captured steps and the step writing the trace, the FLOP-counted step), "
+                                        "and the outliers below", default=0)  # fmt: skip
+    outlier_steps_count: int = measure("count", "steps over 1,000x the median step and over 60 s, left out: a "
+                                       "suspended process or a clock jump, not work", default=0)  # fmt: skip
     median_us: float = us("median step time")
     mean_us: float = us("mean step time")
     p95_us: float = us("95th percentile step time")

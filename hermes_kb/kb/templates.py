@@ -5,7 +5,8 @@ A template is data from a YAML file, so it gets the smallest useful language: ou
 (``{{ d.wait_us | ms }}``), arithmetic and comparisons, ``if`` and conditional expressions, and a
 fixed list of filters. No function or method calls (``range(10**8)``, ``''.join``), no ``**``,
 no loops, assignments, macros, imports or blocks, no attribute starting with ``_``, and ``format``
-only with a literal format string whose widths are small. At render time, the sandbox refuses a
+only with a literal format string whose widths are small and written (no ``*``), and no
+repetition of constants beyond ``MAX_OUTPUT`` characters. At render time, the sandbox refuses a
 string or list repeated, or a ``%`` / ``format`` padding, beyond ``MAX_OUTPUT`` characters
 (the operands come from facts, i.e. from the trace), and the whole output is capped.
 """
@@ -37,12 +38,34 @@ ALLOWED_FILTERS = {
 }  # fmt: skip
 ALLOWED_TESTS = {"none", "defined", "undefined", "number", "string", "sequence", "mapping", "true", "false",
                  "integer", "float", "even", "odd", "eq", "ne", "lt", "le", "gt", "ge", "in"}  # fmt: skip
-_WIDTH_RE = re.compile(r"%[-+ #0]*(\d*)(?:\.(\d+))?[a-zA-Z%]")
+_WIDTH_RE = re.compile(r"%[-+ #0]*(\*|\d*)(?:\.(\*|\d+))?[a-zA-Z%]")
 _PARSER = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
 
 
 def _format_ok(fmt: str) -> bool:
-    return all(int(w or 0) <= MAX_WIDTH and int(p or 0) <= MAX_WIDTH for w, p in _WIDTH_RE.findall(fmt))
+    """Widths and precisions written in the format and small (a ``*`` takes them from the
+    operands, which come from the trace)."""
+    return all("*" not in (w, p) and int(w or 0) <= MAX_WIDTH and int(p or 0) <= MAX_WIDTH
+               for w, p in _WIDTH_RE.findall(fmt))  # fmt: skip
+
+
+def _static_size(n: nodes.Node) -> int | None:
+    """Characters (strings) or elements plus their characters (lists) a constant expression
+    builds, when the template alone tells; None when it depends on the facts."""
+    if isinstance(n, nodes.Const):
+        return len(n.value) if isinstance(n.value, str) else None
+    if isinstance(n, (nodes.List, nodes.Tuple)):
+        return len(n.items) + sum(_static_size(x) or 0 for x in n.items)
+    if isinstance(n, nodes.Mul):
+        for seq, k in ((n.left, n.right), (n.right, n.left)):
+            size = _static_size(seq)
+            if size is not None and isinstance(k, nodes.Const) and isinstance(k.value, int):
+                return size * max(k.value, 0)
+    if isinstance(n, (nodes.Add, nodes.Concat)):
+        parts = [n.left, n.right] if isinstance(n, nodes.Add) else list(n.nodes)
+        sizes = [_static_size(x) for x in parts]
+        return sum(sizes) if all(x is not None for x in sizes) else None
+    return None
 
 
 def check_template(text: str) -> list[str]:
@@ -62,13 +85,15 @@ def check_template(text: str) -> list[str]:
             elif n.name == "format":
                 fmt = n.node
                 if not (isinstance(fmt, nodes.Const) and isinstance(fmt.value, str) and _format_ok(fmt.value)):
-                    problems.append(f"'format' needs a literal format string with widths up to {MAX_WIDTH}")
+                    problems.append(f"'format' needs a literal format string with written widths up to {MAX_WIDTH} (no '*')")
         elif isinstance(n, nodes.Test) and n.name not in ALLOWED_TESTS:
             problems.append(f"template uses the test {n.name!r}, which explanations may not")
         elif isinstance(n, nodes.Getattr) and n.attr.startswith("_"):
             problems.append(f"template reads the attribute {n.attr!r}: names starting with '_' are not allowed")
         elif isinstance(n, nodes.Const) and isinstance(n.value, str) and "%" in n.value and not _format_ok(n.value):
-            problems.append(f"template holds a format string with a width above {MAX_WIDTH}")
+            problems.append(f"template holds a format string with a width above {MAX_WIDTH} or taken from its operands ('*')")
+        elif isinstance(n, nodes.Mul) and (_static_size(n) or 0) > MAX_OUTPUT:
+            problems.append(f"template repeats a value to more than {MAX_OUTPUT} characters")
         elif isinstance(n, nodes.Const) and isinstance(n.value, (int, float)) and not isinstance(n.value, bool) \
                 and abs(n.value) > 1e18:  # fmt: skip
             problems.append("template holds a number above 1e18")
@@ -76,7 +101,13 @@ def check_template(text: str) -> list[str]:
 
 
 def _size(v: Any) -> int | None:
-    return len(v) if isinstance(v, (str, bytes, list, tuple)) else None
+    """A string's characters; a list's elements plus the characters of its strings (a list of one
+    long string repeated is as large as the string repeated, once joined)."""
+    if isinstance(v, (str, bytes)):
+        return len(v)
+    if isinstance(v, (list, tuple)):
+        return len(v) + sum(len(x) for x in v if isinstance(x, (str, bytes)))
+    return None
 
 
 def _bounded_mul(a: Any, b: Any) -> Any:
