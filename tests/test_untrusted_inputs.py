@@ -211,3 +211,25 @@ def test_an_empty_stretched_step_is_left_out_and_named(tmp_path):
                "in it: an empty stretch: left out" in w for w in r.warnings)  # fmt: skip
     busy = hermes_kb.advise(_steps_trace(tmp_path / "u.json", 100_000, busy_last=True))
     assert busy.summary[0].mean_step_us > 20_000 and not any("empty stretch" in w for w in busy.warnings)
+
+
+def _gpu_trace(path: Path, n: int, linked: int) -> Path:
+    # n kernels, each after an operator; the first `linked` have their launch call in the trace
+    ev = []
+    for i in range(n):
+        ev.append(dict(OP, ts=100 * i, dur=20))
+        if i < linked:
+            ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                       "ts": 100 * i + 5, "dur": 5, "args": {"correlation": i + 1}})  # fmt: skip
+        ev.append({"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 100 * i + 30, "dur": 40,
+                   "args": {"device": 0, "stream": 7, "correlation": i + 1}})  # fmt: skip
+    return _write(path, {"traceEvents": ev})
+
+
+@pytest.mark.parametrize(("linked", "warned"), [(0, True), (9, True), (10, False), (20, False)])
+def test_kernels_without_their_launch_calls_are_named(tmp_path, linked, warned):
+    (t,) = hermes_kb.load(_gpu_trace(tmp_path / "t.json", 20, linked))
+    got = [w for w in t.warnings if "kernels have a launch call in the trace" in w]
+    assert bool(got) == warned
+    if warned:
+        assert got[0].startswith(f"{linked:,} of 20 kernels") and ("no runtime events" in got[0]) == (linked == 0)
