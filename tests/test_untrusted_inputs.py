@@ -233,3 +233,14 @@ def test_kernels_without_their_launch_calls_are_named(tmp_path, linked, warned):
     assert bool(got) == warned
     if warned:
         assert got[0].startswith(f"{linked:,} of 20 kernels") and ("no runtime events" in got[0]) == (linked == 0)
+
+
+def test_a_trace_larger_than_the_memory_there_is_refused_before_its_events_are_decoded(tmp_path, monkeypatch):
+    t = _write(tmp_path / "t.json", {"traceEvents": [dict(OP, ts=10 * i) for i in range(1000)]})
+    monkeypatch.setenv("HERMES_MAX_MEMORY", "1000000")  # 1 MB: 1,000 events need about 2 MiB
+    with pytest.raises(BadTraceError) as exc:
+        hermes_kb.load(t)
+    assert "holds 1,000 events: analysing them needs about 2.0 MiB (about 2.0 KiB an event), more than the " \
+        "976.6 KiB of memory available" in str(exc.value)  # fmt: skip
+    monkeypatch.delenv("HERMES_MAX_MEMORY")
+    assert len(hermes_kb.load(t)[0].cpu_ops) == 1000  # the machine's available memory is plenty

@@ -157,6 +157,7 @@ def decode_head(raw: bytes, path: str) -> ks.KinetoFile:
     if len(doc.traceEvents) > cap:
         raise BadTraceError(f"holds {len(doc.traceEvents):,} events, more than the limit of {cap:,} "
                             "(set HERMES_MAX_EVENTS to read it)", path)  # fmt: skip
+    limits.check_memory(len(doc.traceEvents), path)
     return doc
 
 
