@@ -18,7 +18,13 @@ Inputs, by category (docs/reliability.md has the last figures):
   records) or rank files replaced by a dangling link, a FIFO or a directory;
 - kb: rule, case and --config files: real ones mutated, billion-laughs YAML, python tags,
   template injections (sandbox escapes, range(10**8), huge paddings), engine operators as values,
-  non-UTF-8 text, identical conditions, typos and string thresholds.
+  non-UTF-8 text, identical conditions, typos and string thresholds;
+- semantic (issue 37): inputs that stay readable but whose answer the damage would change: two
+  logs claiming one rank, another process's capture in a run directory (the fixed twin's or
+  another scenario's), a monitored step of days, an empty stretched ProfilerStep, a ProfilerStep
+  spanning the others, a trace of device activity only, kernels without their launch calls. Such
+  an input counts as ``success`` only when the report carries the warning that qualifies it;
+  without it, ``wrong_success`` ("silent").
 
 Each input ends in one of: ``clean_error`` (a HermesError whose message is one line naming the
 file), ``success`` (a report that passes the checks below), ``wrong_success`` (a detectable wrong
@@ -59,7 +65,7 @@ SHARED = ROOT.parent / "shared" / "data"
 EXAMPLE = ROOT / "examples" / "traces" / "cpu_dataloader_bound.json.gz"
 MONITOR_RUN = ROOT / "tests" / "data" / "monitor_runs" / "two_ranks"
 OUTCOMES = ("success", "clean_error", "wrong_success", "crash", "hang", "code_execution")
-CATEGORIES = ("kineto", "ascend", "monitor", "kb")
+CATEGORIES = ("kineto", "ascend", "monitor", "kb", "semantic")
 MAX_STEP_US = 3 * 3600e6
 MAX_SPEEDUP = 1000.0
 
@@ -546,6 +552,87 @@ def monitor_mutation(rng: random.Random, out: Path) -> tuple[Path, Path | None]:
     return d, ref
 
 
+ZOO = ROOT / "benchmarks" / "scenarios" / "recorded"
+SEMANTIC_KINDS = ("dup_rank", "foreign_capture", "stretched_step", "nested_step", "gpu_only", "no_launch_calls",
+                  "days_step")  # fmt: skip
+
+
+def _synthetic_gpu(n: int, linked: int, host: bool, out: Path) -> Path:
+    """n kernels after n operators (when ``host``), the first ``linked`` with their launch call."""
+    ev = []
+    for i in range(n):
+        if host:
+            ev.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 100 * i, "dur": 20})
+        if host and i < linked:
+            ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1,
+                       "ts": 100 * i + 5, "dur": 5, "args": {"correlation": i + 1}})  # fmt: skip
+        ev.append({"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 100 * i + 30, "dur": 40,
+                   "args": {"device": 0, "stream": 7, "correlation": i + 1}})  # fmt: skip
+    out.write_text(json.dumps({"traceEvents": ev}))
+    return out
+
+
+def _counted_steps(run_dir: Path) -> set[int]:
+    """The steps of rank 0 the monitor analysis counts: after the warm-up, not slowed by a capture."""
+    from hermes_kb.analyzers.monitor.series import Series, read_notes, run_warmup_end
+    from hermes_kb.monitor.reader import read_run
+
+    run = read_run(run_dir)
+    notes = read_notes(run)
+    return set(Series(run.ranks[0], notes.get(0), run_warmup_end(notes)).step.tolist())
+
+
+def semantic_mutation(kind: str, rng: random.Random, out: Path) -> tuple[Path, str | tuple[str, ...]]:
+    """Damage that leaves a readable input whose answer would change (issue 37): the input, and the
+    warning (or any of the warnings) the report must carry for the answer to count as qualified
+    rather than silently wrong."""
+    if kind == "dup_rank":  # two logs claiming one rank
+        d = out / "run"
+        shutil.copytree(MONITOR_RUN, d, ignore=shutil.ignore_patterns("README.md"))
+        r = rng.choice([0, 1])
+        shutil.copy(d / f"rank{r}.jsonl", d / f"rank{'0' * rng.randint(1, 3)}{r}.jsonl")
+        return d, "is claimed by"
+    if kind in ("foreign_capture", "days_step"):
+        runs = sorted(p for p in ZOO.glob("*/bad") if (p / "rank0.capture-profile.json.gz").is_file()
+                      and not (p / "rank1.jsonl").exists())  # fmt: skip
+        src = rng.choice(runs)
+        d = out / "run"
+        shutil.copytree(src, d)
+        if kind == "foreign_capture":  # the fixed twin's capture, or another scenario's, under this run's name
+            other = rng.choice([src.parent / "fixed"] + [p for p in runs if p != src])
+            shutil.copy(other / "rank0.capture-profile.json.gz", d / "rank0.capture-profile.json.gz")
+            return d, "not a capture of this run"
+        lines = (d / "rank0.jsonl").read_text().splitlines()
+        counted = _counted_steps(src)  # a step the analysis counts (not warm-up, not a captured step)
+        steps = [k for k, ln in enumerate(lines) if '"type":"step"' in ln and json.loads(ln).get("step") in counted]
+        k = rng.choice(steps)
+        rec = json.loads(lines[k])
+        rec["wall_s"] = rng.choice([1e5, 6.9 * 86400, 1e7])
+        lines[k] = json.dumps(rec)
+        (d / "rank0.jsonl").write_text("\n".join(lines) + "\n")
+        # a step over a week is a damaged record to the reader: either warning qualifies the answer
+        return d, ("over 1,000x the median step left out", "damaged line")
+    if kind in ("stretched_step", "nested_step"):
+        doc = json.loads(gzip.decompress(EXAMPLE.read_bytes()))
+        steps = [e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")]
+        last = max(steps, key=lambda e: e["ts"])
+        if kind == "stretched_step":
+            last["dur"] = last["dur"] * rng.choice([50, 1000, 10**5])
+            want = ("an empty stretch", "times cannot be real")  # 10**5 x leaves the trace's plausible span
+        else:
+            first = min(steps, key=lambda e: e["ts"])
+            doc["traceEvents"].append(dict(first, name=f"ProfilerStep#{rng.randint(100, 10**6)}",
+                                           dur=last["ts"] + last["dur"] - first["ts"] + rng.randint(0, 10)))  # fmt: skip
+            want = "span the step(s) after them"
+        p = out / "trace.json"
+        p.write_text(json.dumps(doc))
+        return p, want
+    n = rng.randint(20, 400)
+    if kind == "gpu_only":
+        return _synthetic_gpu(n, 0, False, out / "trace.json"), "device activity only"
+    return _synthetic_gpu(n, rng.randint(0, (n - 1) // 2), True, out / "trace.json"), "kernels have a launch call"
+
+
 RULE_TEMPLATE = (ROOT / "tests" / "test_kb.py").read_text().split('RULE = """\\\n', 1)[1].split('"""', 1)[0]
 
 
@@ -701,6 +788,9 @@ def run_case(case: dict) -> dict:
         elif case["category"] == "monitor":
             target, ref = monitor_mutation(rng, work)
             call = lambda p: hermes_kb.advise(str(p))  # noqa: E731
+        elif case["category"] == "semantic":
+            target, want = semantic_mutation(case["kind"], rng, work)
+            call = lambda p: hermes_kb.advise(str(p))  # noqa: E731
         else:
             what, target, cases = kb_mutation(rng, work, marker)
             call = _kb_call(what, cases)
@@ -710,6 +800,10 @@ def run_case(case: dict) -> dict:
             res["outcome"], res["detail"] = classify_error(exc, str(work))
         else:
             bad = report_problems(report) if report is not None else []
+            wants = (want,) if case["category"] == "semantic" and isinstance(want, str) else want if \
+                case["category"] == "semantic" else ()  # fmt: skip
+            if not bad and wants and not any(x in w for x in wants for w in report.warnings):
+                bad = [f"silent: the damage changed the input and no warning says {' or '.join(map(repr, wants))}"]
             if bad:
                 res["outcome"], res["detail"] = "wrong_success", "; ".join(bad[:3])
             elif ref is not None:
@@ -870,6 +964,8 @@ def make_cases(seed: int, counts: dict[str, int], tmp: str) -> list[dict]:
                 case.update(kind="damaged_file", source=str(rng.choice(a_src)))
             elif cat == "monitor":
                 case.update(kind="damaged_run", source=str(MONITOR_RUN))
+            elif cat == "semantic":
+                case.update(kind=SEMANTIC_KINDS[j % len(SEMANTIC_KINDS)], source="semantic")
             else:
                 case.update(kind="hostile_kb", source="kb")
             out.append(case)
@@ -937,7 +1033,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args(argv)
     total = a.count or int(a.minutes * 60 * 12 * a.workers)  # more than fit: --minutes stops it
-    share = {"kineto": 0.35, "ascend": 0.15, "monitor": 0.25, "kb": 0.25}
+    share = {"kineto": 0.3, "ascend": 0.12, "monitor": 0.2, "kb": 0.2, "semantic": 0.18}
     counts = {c: max(1, int(total * share[c])) for c in a.category}
     t = time.time()
     summary, failures = fuzz(counts, seed=a.seed, workers=a.workers, timeout=a.timeout,

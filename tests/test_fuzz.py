@@ -4,7 +4,8 @@ Generated Kineto event lists (hypothesis, derandomised) and a fixed-seed sample 
 traces, Ascend exports, monitor runs and hostile knowledge-base and config files: every input
 must end in a one-line error naming the file or in a report that passes the checks of
 benchmarks/fuzz.py (no NaN / inf, speedups in [1, 1000], step times above zero and below three
-hours, damage the readers drop leaving the answer unchanged); no crash, no hang, no code run.
+hours, damage the readers drop leaving the answer unchanged, semantic damage named in a warning);
+no crash, no hang, no code run.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def test_generated_event_lists_end_in_a_clean_error_or_a_sane_report(events):
 
 
 def test_mutation_sample_has_no_crash_hang_or_wrong_answer():
-    counts = {"kineto": 30, "ascend": 12 if SHARED.is_dir() else 0, "monitor": 30, "kb": 30}
+    counts = {"kineto": 30, "ascend": 12 if SHARED.is_dir() else 0, "monitor": 30, "kb": 30, "semantic": 21}
     summary, failures = fz.fuzz(counts, seed=18, workers=2, timeout=60)
     assert not failures, [(f["category"], f["kind"], f["outcome"], f["detail"][:300]) for f in failures]
     assert summary["all"]["inputs"] == sum(counts.values())

@@ -244,3 +244,17 @@ def test_a_trace_larger_than_the_memory_there_is_refused_before_its_events_are_d
         "976.6 KiB of memory available" in str(exc.value)  # fmt: skip
     monkeypatch.delenv("HERMES_MAX_MEMORY")
     assert len(hermes_kb.load(t)[0].cpu_ops) == 1000  # the machine's available memory is plenty
+
+
+def test_the_same_process_twin_capture_is_told_by_its_time(tmp_path):
+    # a scenario records its bad and fixed variants in one process: the pid cannot tell the fixed
+    # run's capture in the bad run's directory, the wall clock can (it was taken 7.9 s after)
+    import shutil
+
+    rec = Path(__file__).resolve().parents[1] / "benchmarks/scenarios/recorded/loader_slow_reads"
+    run = tmp_path / "run"
+    shutil.copytree(rec / "bad", run)
+    assert not any("not a capture" in w for w in hermes_kb.advise(run).warnings)
+    shutil.copy(rec / "fixed" / "rank0.capture-profile.json.gz", run / "rank0.capture-profile.json.gz")
+    assert any("not a capture of this run (it was recorded 7.9 s after the steps the log holds): left out" in w
+               for w in hermes_kb.advise(run).warnings)  # fmt: skip

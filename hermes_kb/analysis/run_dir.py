@@ -99,15 +99,47 @@ def foreign_captures(bundle: TraceBundle, run: RunLog) -> list[str]:
         log = run.ranks.get(rank)
         pid = (log.environment or {}).get("pid") if log is not None else None
         ops = trace.cpu_ops
-        if not isinstance(pid, int) or not len(ops) or "pid" not in ops.columns:
-            continue
-        pids = set(ops["pid"].astype("int64").unique().tolist())
-        if pid not in pids:
+        why = None
+        if isinstance(pid, int) and len(ops) and "pid" in ops.columns:
+            pids = set(ops["pid"].astype("int64").unique().tolist())
+            if pid not in pids:
+                shown = ", ".join(str(p) for p in sorted(pids)[:3])
+                why = f"its host events are of process {shown}, rank {rank}'s log is of process {pid}"
+        if why is None and log is not None:
+            why = _outside_the_log(trace, log)
+        if why is not None:
             del bundle.ranks[rank]
-            shown = ", ".join(str(p) for p in sorted(pids)[:3])
-            out.append(f"{trace.meta.source}: not a capture of this run (its host events are of process {shown}, "
-                       f"rank {rank}'s log is of process {pid}): left out")  # fmt: skip
+            out.append(f"{trace.meta.source}: not a capture of this run ({why}): left out")
     return out
+
+
+def _outside_the_log(trace, log) -> str | None:
+    """Why the capture's wall-clock time cannot be a stretch of the steps this log recorded (the
+    same process can profile two runs, e.g. a scenario's bad variant and then its fixed twin), or
+    None. Needs the trace's absolute clock (baseTimeNanoseconds) and the steps' end times."""
+    import numpy as np
+
+    ends = np.asarray(log.end_s, dtype=np.float64)
+    walls = np.asarray(log.wall_s, dtype=np.float64)
+    ok = np.isfinite(ends) & np.isfinite(walls)
+    origin = trace.meta.origin_us / 1e6 if trace.meta.origin_us else 0.0
+    if ok.sum() < 2 or origin < EPOCH_2001_S:  # no absolute clock on one side
+        return None
+    lo, hi = float((ends[ok] - walls[ok]).min()), float(ends[ok].max())
+    slack = max(1.0, 10.0 * float(np.median(walls[ok])))
+    span = trace.time_span()  # on the bundle's clock, whose zero is origin_us
+    start, end = origin + span[0] / 1e6, origin + span[1] / 1e6
+    if end < lo - slack or start > hi + slack:
+        return (f"it was recorded {_when(start - hi if start > hi else lo - end)} "
+                f"{'after' if start > hi else 'before'} the steps the log holds")
+    return None
+
+
+EPOCH_2001_S = 978307200.0  # a trace clock below this is relative, not the wall clock
+
+
+def _when(s: float) -> str:
+    return f"{s:,.1f} s" if s < 3600 else f"{s / 3600:,.1f} h"
 
 
 def merge_monitor_env(bundle: TraceBundle, run: RunLog) -> None:
