@@ -32,6 +32,14 @@ MIN_REPORTED_SPEEDUP = 1.02
 MEDIUM_SHARE = 0.03
 
 
+
+def unlinked_ranks(whatif: dict) -> set:
+    """Ranks whose dependency graph links none of their device work to a launch call (their
+    what-if facts say ``linked: false``): a GPU trace without its runtime events, or whose
+    kernels' correlations match no runtime call."""
+    have = {r for r, t in whatif if t != "*linked"}
+    return have - {r for r, t in whatif if t == "*linked"}
+
 def severity_of(share: float) -> str:
     return "high" if share >= HIGH_SHARE else "medium" if share >= MEDIUM_SHARE else "low"
 
@@ -102,6 +110,7 @@ def findings_and_plans(inf: Inference, kb: KnowledgeBase, platform: str) -> tupl
     whatif = whatif_index(inf, kb)
     bds = breakdowns(inf.facts)
     by_case = considered(inf, cases, platform)
+    unlinked = unlinked_ranks(whatif)
     findings: list[Finding] = []
     plans: dict[str, list[MatchGain]] = {}
     for case_id, matches in by_case.items():
@@ -131,12 +140,20 @@ def findings_and_plans(inf: Inference, kb: KnowledgeBase, platform: str) -> tupl
         confidence = 0.8 if case.status == "stable" else 0.6
         if len(steps) >= 3 or any(v.get("step") is None for v in best.bindings.values()):
             confidence += 0.1
+        unlinked_note = ""
+        if case.category == "cpu" and ranks and all(r in unlinked for r in ranks):
+            # the host's side of the device rests on launch calls this trace does not have
+            severity = "low" if SEVERITY_ORDER[severity] > SEVERITY_ORDER["low"] else severity
+            confidence -= 0.3
+            unlinked_note = (" Lowered: the trace links none of its kernels to a launch call (runtime events missing "
+                             "or correlations pointing nowhere), so the host's share of the device's time is a guess.")
         typical = min(gains, key=lambda g: abs(g.per_step(g.hi) - rm_hi))
         window = (f" The amounts below are over the {typical.per} analysed steps; per step they are 1/{typical.per} of that."
                   if typical.per > 1 else "")  # fmt: skip
         assumption = (f"{case.gain.assumption.strip()} Measured: {r / 1e3:,.2f} ms per step ({share:.0%} of a "
                       f"{t / 1e3:,.2f} ms step; median over {len(gains)} match(es)).{window} {typical.note} Removable: "
-                      f"{rm_lo / 1e3:,.2f}-{rm_hi / 1e3:,.2f} ms per step; speedup = step time / (step time - removed).")  # fmt: skip
+                      f"{rm_lo / 1e3:,.2f}-{rm_hi / 1e3:,.2f} ms per step; speedup = step time / (step time - removed)."
+                      f"{unlinked_note}")  # fmt: skip
         findings.append(
             Finding(
                 case_id=case.id,
