@@ -24,7 +24,12 @@ Inputs, by category (docs/reliability.md has the last figures):
   another scenario's), a monitored step of days, an empty stretched ProfilerStep, a ProfilerStep
   spanning the others, a trace of device activity only, kernels without their launch calls. Such
   an input counts as ``success`` only when the report carries the warning that qualifies it;
-  without it, ``wrong_success`` ("silent").
+  without it, ``wrong_success`` ("silent");
+- requests (issue 37): a short training loop under the monitor (a stand-in profiler, no torch)
+  while its capture request and a peer's file are replaced between steps by JSON of any shape,
+  garbage, a FIFO, a link to /dev/zero or out of the directory, a directory or a 1 MB file: an
+  exception out of ``step()`` is a crash, a blocked loop a hang, a file written outside the run
+  directory a ``wrong_success``.
 
 Each input ends in one of: ``clean_error`` (a HermesError whose message is one line naming the
 file), ``success`` (a report that passes the checks below), ``wrong_success`` (a detectable wrong
@@ -65,7 +70,7 @@ SHARED = ROOT.parent / "shared" / "data"
 EXAMPLE = ROOT / "examples" / "traces" / "cpu_dataloader_bound.json.gz"
 MONITOR_RUN = ROOT / "tests" / "data" / "monitor_runs" / "two_ranks"
 OUTCOMES = ("success", "clean_error", "wrong_success", "crash", "hang", "code_execution")
-CATEGORIES = ("kineto", "ascend", "monitor", "kb", "semantic")
+CATEGORIES = ("kineto", "ascend", "monitor", "kb", "semantic", "requests")
 MAX_STEP_US = 3 * 3600e6
 MAX_SPEEDUP = 1000.0
 
@@ -633,6 +638,78 @@ def semantic_mutation(kind: str, rng: random.Random, out: Path) -> tuple[Path, s
     return _synthetic_gpu(n, rng.randint(0, (n - 1) // 2), True, out / "trace.json"), "kernels have a launch call"
 
 
+class _FakeProfiler:
+    """Stands in for torch.profiler inside the monitor (no torch needed): exports a tiny trace."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def export_chrome_trace(self, path: str) -> None:
+        Path(path).write_text('{"traceEvents": []}')
+
+
+REQUEST_IDS = ["ok", "", "../../x", "/abs", "a/b", "..", ".", "a" * 300, "\x00", "id\nnext", "🔥", "CON", "x y"]
+
+
+def _hostile_file(rng: random.Random, p: Path) -> None:
+    """A request or peer file as a hostile writer leaves it: JSON of any shape, garbage, or a
+    FIFO, a link to /dev/zero or out of the directory, a directory, a huge file."""
+    kind = rng.choice(["json", "json", "json", "garbage", "fifo", "zero", "outside", "dir", "huge", "empty"])
+    if kind == "json":
+        doc = {k: rng.choice(WEIRD + [rng.randint(-5, 10**6), rng.choice(REQUEST_IDS)])
+               for k in rng.sample(["id", "steps", "start_after", "reason", "rank", "time", "domains", "wall_s"],
+                                   rng.randint(0, 8))}  # fmt: skip
+        p.write_text(json.dumps(rng.choice([doc, list(doc.values()), doc.get("id")])))
+    elif kind == "garbage":
+        p.write_bytes(os.urandom(rng.randint(1, 512)))
+    elif kind == "fifo":
+        os.mkfifo(p)
+    elif kind == "zero":
+        os.symlink("/dev/zero", p)
+    elif kind == "outside":
+        os.symlink(p.parents[2] / "secret.txt", p)
+    elif kind == "dir":
+        p.mkdir()
+    elif kind == "huge":
+        p.write_bytes(b'{"id": "big", "steps": 1, "pad": "' + b"a" * (1 << 20) + b'"}')
+    else:
+        p.write_bytes(b"")
+
+
+def requests_case(rng: random.Random, out: Path) -> str | None:
+    """A short training loop under the monitor while its capture request and a peer's file are
+    replaced by hostile ones between steps; returns what went wrong, None when every step ran and
+    nothing was written outside the run directory."""
+    from hermes_kb.monitor import Monitor
+    from hermes_kb.monitor.capture import REQUEST
+
+    run = out / "run"
+    (out / "secret.txt").write_text("do not read")
+    done = 0
+    with Monitor(run, rank=0, profiler_factory=_FakeProfiler, poll_s=0.0, sample_every=1, procs_every_s=0,
+                 device_events=False, flops=False, peers_every_s=0.0, warmup=2, domains=["dp"]) as mon:  # fmt: skip
+        for i in range(rng.randint(8, 24)):
+            if i % 3 == 0:
+                for target in (run / REQUEST, run / "peers" / "rank1.json"):
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    if target.is_symlink() or target.is_file():
+                        target.unlink()
+                    elif target.is_dir():
+                        shutil.rmtree(target)
+                    elif target.exists():  # a FIFO
+                        target.unlink()
+                    _hostile_file(rng, target)
+            mon.step()
+            done += 1
+    outside = [p for p in out.rglob("*") if not (p == out / "secret.txt" or run in p.parents or p == run)]
+    if outside:
+        return f"wrote outside the run directory: {outside[:3]}"
+    return None if done else "no step ran"
+
+
 RULE_TEMPLATE = (ROOT / "tests" / "test_kb.py").read_text().split('RULE = """\\\n', 1)[1].split('"""', 1)[0]
 
 
@@ -791,15 +868,23 @@ def run_case(case: dict) -> dict:
         elif case["category"] == "semantic":
             target, want = semantic_mutation(case["kind"], rng, work)
             call = lambda p: hermes_kb.advise(str(p))  # noqa: E731
+        elif case["category"] == "requests":  # the monitor inside training: it must never raise or block
+            target, call = work, lambda p: requests_case(rng, p)  # noqa: E731
         else:
             what, target, cases = kb_mutation(rng, work, marker)
             call = _kb_call(what, cases)
         try:
             report = call(target)
         except BaseException as exc:  # noqa: BLE001 - classified
-            res["outcome"], res["detail"] = classify_error(exc, str(work))
+            if case["category"] == "requests":  # the monitor may never raise into the training loop
+                res["outcome"], res["detail"] = "crash", f"{type(exc).__name__}: {exc}"[:400]
+            else:
+                res["outcome"], res["detail"] = classify_error(exc, str(work))
         else:
-            bad = report_problems(report) if report is not None else []
+            if case["category"] == "requests":
+                bad, report = ([report] if report else []), None
+            else:
+                bad = report_problems(report) if report is not None else []
             wants = (want,) if case["category"] == "semantic" and isinstance(want, str) else want if \
                 case["category"] == "semantic" else ()  # fmt: skip
             if not bad and wants and not any(x in w for x in wants for w in report.warnings):
@@ -966,6 +1051,8 @@ def make_cases(seed: int, counts: dict[str, int], tmp: str) -> list[dict]:
                 case.update(kind="damaged_run", source=str(MONITOR_RUN))
             elif cat == "semantic":
                 case.update(kind=SEMANTIC_KINDS[j % len(SEMANTIC_KINDS)], source="semantic")
+            elif cat == "requests":
+                case.update(kind="hostile_writer", source="monitor")
             else:
                 case.update(kind="hostile_kb", source="kb")
             out.append(case)
@@ -1033,7 +1120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args(argv)
     total = a.count or int(a.minutes * 60 * 12 * a.workers)  # more than fit: --minutes stops it
-    share = {"kineto": 0.3, "ascend": 0.12, "monitor": 0.2, "kb": 0.2, "semantic": 0.18}
+    share = {"kineto": 0.28, "ascend": 0.1, "monitor": 0.18, "kb": 0.18, "semantic": 0.16, "requests": 0.1}
     counts = {c: max(1, int(total * share[c])) for c in a.category}
     t = time.time()
     summary, failures = fuzz(counts, seed=a.seed, workers=a.workers, timeout=a.timeout,

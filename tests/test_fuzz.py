@@ -43,7 +43,7 @@ def test_generated_event_lists_end_in_a_clean_error_or_a_sane_report(events):
 
 
 def test_mutation_sample_has_no_crash_hang_or_wrong_answer():
-    counts = {"kineto": 30, "ascend": 12 if SHARED.is_dir() else 0, "monitor": 30, "kb": 30, "semantic": 21}
+    counts = {"kineto": 30, "ascend": 12 if SHARED.is_dir() else 0, "monitor": 30, "kb": 30, "semantic": 21, "requests": 15}
     summary, failures = fz.fuzz(counts, seed=18, workers=2, timeout=60)
     assert not failures, [(f["category"], f["kind"], f["outcome"], f["detail"][:300]) for f in failures]
     assert summary["all"]["inputs"] == sum(counts.values())
