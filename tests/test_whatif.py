@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import hermes_kb
-from conftest import SHARED, X, needs_shared, write_trace
+from conftest import ROOT, SHARED, X, needs_shared, write_trace
 from hermes_kb.analysis.rank import analyze_rank
 from hermes_kb.analyzers.whatif.replay import (
     analysed_time,
@@ -20,7 +20,7 @@ from hermes_kb.analyzers.whatif.replay import (
 )
 from hermes_kb.analyzers.whatif.sets import WhatIfSet
 
-ZOO = SHARED.parent.parent / "main" / "benchmarks" / "scenarios" / "recorded"
+ZOO = ROOT / "benchmarks" / "scenarios" / "recorded"  # this checkout's recordings, whatever its folder is called
 
 
 def K(name, ts, dur, corr, stream=7):
