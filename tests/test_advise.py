@@ -112,3 +112,16 @@ def test_profile_only_finding_is_shown_whatever_its_speedup():
     assert first.expected_speedup.high == 1.0 and first.category == "cpu"
     md = render_markdown(report)
     assert "C-CPU-046" in md and "left out" not in md
+
+
+def test_markdown_without_findings_does_not_end_on_an_empty_findings_heading():
+    # issue 36: a run with no finding but bottlenecks no case explains (the fixed twin of a
+    # slow-rank scenario) ended on "## Findings" with nothing under it
+    from hermes_kb.render.report import render_markdown
+
+    run = Path(__file__).resolve().parents[1] / "benchmarks/scenarios/recorded/dist_slow_rank_compute/fixed"
+    report = hermes_kb.advise(run)
+    assert not report.findings and report.unexplained
+    md = render_markdown(report)
+    assert "## Findings" not in md and md.rstrip().splitlines()[-1].strip()
+    assert "## Findings" in render_markdown(hermes_kb.advise(EXAMPLE))

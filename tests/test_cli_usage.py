@@ -319,3 +319,10 @@ def test_a_newline_in_a_file_name_cannot_forge_a_line(tmp_path):
     r = cli("advise", d)
     assert r.returncode != 0
     assert len([x for x in r.stderr.splitlines() if x.startswith("hermes:")]) == 1, r.stderr
+
+
+@pytest.mark.parametrize(("given", "starts"), [("markdown", "# hermes report"), ("HTML", "<!DOCTYPE html>"),
+                                               ("Md", "# hermes report"), ("JSON", "{")])  # fmt: skip
+def test_format_names_are_case_blind_and_markdown_is_md(given, starts):
+    r = cli("advise", EXAMPLE, "--format", given)  # issue 36: both were refused
+    assert r.returncode == 0 and r.stdout.startswith(starts), r.stderr[-300:]

@@ -17,6 +17,7 @@ class ReportFormat(str, Enum):
     md = "md"
     json = "json"
     html = "html"
+    markdown = "markdown"  # the same as md
 
 
 class SeverityOpt(str, Enum):
@@ -27,7 +28,7 @@ class SeverityOpt(str, Enum):
 
 def advise(
     paths: Annotated[list[Path], typer.Argument(help="trace file(s), a directory of per-rank traces, or a monitor RUN_DIR")],
-    fmt: Annotated[ReportFormat, typer.Option("--format", "-f", help="term, md, json or html")] = ReportFormat.term,
+    fmt: Annotated[ReportFormat, typer.Option("--format", "-f", case_sensitive=False, help="term, md (markdown), json or html")] = ReportFormat.term,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="write the report to this file")] = None,
     top: Annotated[int | None, typer.Option("--top", help="show at most N findings", min=1)] = None,
     rank: Annotated[int | None, typer.Option("--rank", help="only findings involving this rank")] = None,
@@ -45,6 +46,7 @@ def advise(
     from ..render.report import render_json, render_markdown, render_terminal
     from ..advisor.report import SEVERITY_ORDER
 
+    fmt = ReportFormat.md if fmt is ReportFormat.markdown else fmt
     notes: list[str] = []
     try:
         check_config(config)

@@ -18,12 +18,13 @@ class DiffFormat(str, Enum):
     md = "md"
     json = "json"
     html = "html"
+    markdown = "markdown"  # the same as md
 
 
 def diff(
     before: Annotated[Path, typer.Argument(help="the run before the change: trace file, directory of per-rank traces, or RUN_DIR")],
     after: Annotated[Path, typer.Argument(help="the run after the change (same kinds of input)")],
-    fmt: Annotated[DiffFormat, typer.Option("--format", "-f", help="term, md, json or html")] = DiffFormat.term,
+    fmt: Annotated[DiffFormat, typer.Option("--format", "-f", case_sensitive=False, help="term, md (markdown), json or html")] = DiffFormat.term,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="write the diff to this file")] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="operators and kernels listed per direction")] = 10,
     config: Annotated[Path | None, typer.Option("--config", help="YAML of threshold overrides per rule/case id")] = None,
@@ -36,6 +37,7 @@ def diff(
     from ..render.diff import render_diff_html, render_diff_json, render_diff_markdown, render_diff_terminal
     from ..render.progress import stages
 
+    fmt = DiffFormat.md if fmt is DiffFormat.markdown else fmt
     notes: list[str] = []
     try:
         check_config(config)

@@ -14,7 +14,7 @@ from .common import Format, fail, load_paths, run_dir_of, warn
 
 def inspect(
     paths: Annotated[list[Path], typer.Argument(help="trace file(s) or a directory of per-rank traces")],
-    fmt: Annotated[Format, typer.Option("--format", "-f", help="table or json")] = Format.table,
+    fmt: Annotated[Format, typer.Option("--format", "-f", case_sensitive=False, help="table or json")] = Format.table,
 ) -> None:
     """Show what was loaded, per rank: events by kind, steps, time span, device, world size."""
     from .checks import bundle_warnings
@@ -40,7 +40,7 @@ def inspect(
 
 def analyze(
     paths: Annotated[list[Path], typer.Argument(help="trace file(s), a directory of per-rank traces, or a monitor RUN_DIR")],
-    fmt: Annotated[Format, typer.Option("--format", "-f", help="table or json")] = Format.table,
+    fmt: Annotated[Format, typer.Option("--format", "-f", case_sensitive=False, help="table or json")] = Format.table,
     kind: Annotated[list[str] | None, typer.Option("--kind", "-k", help="only facts of these kinds (hermes schema facts)")] = None,
 ) -> None:
     """Measure the trace (or the monitor logs of a run) and print the typed facts the analyzers emit."""

@@ -61,7 +61,7 @@ def kb_test(
 
 
 @kb_app.command("list")
-def kb_list(fmt: Annotated[Format, typer.Option("--format", "-f")] = Format.table) -> None:
+def kb_list(fmt: Annotated[Format, typer.Option("--format", "-f", case_sensitive=False)] = Format.table) -> None:
     """Every rule and case, rules first, each sorted by id: id, status, category, title."""
     from ..kb.ids import id_key
 
@@ -147,7 +147,7 @@ class CoverageFormat(str, Enum):
 
 @kb_app.command("coverage")
 def kb_coverage(
-    fmt: Annotated[CoverageFormat, typer.Option("--format", "-f")] = CoverageFormat.table,
+    fmt: Annotated[CoverageFormat, typer.Option("--format", "-f", case_sensitive=False)] = CoverageFormat.table,
     shared: Annotated[Path | None, typer.Option("--shared", help="the shared real traces (default: ../shared/data)")] = None,
     no_shared: Annotated[bool, typer.Option("--no-shared", help="leave the real traces out")] = False,
     only: Annotated[list[str] | None, typer.Option("--only", help="source kinds: real, scenario, example")] = None,

@@ -49,7 +49,7 @@ def monitor_profile(
 @monitor_app.command("status")
 def monitor_status(
     run_dir: Annotated[Path, typer.Argument(help="the monitor's RUN_DIR (rank<R>.jsonl files)")],
-    fmt: Annotated[Format, typer.Option("--format", "-f")] = Format.table,
+    fmt: Annotated[Format, typer.Option("--format", "-f", case_sensitive=False)] = Format.table,
 ) -> None:
     """Ranks, last step, median step time, data wait and GC shares, recent fluctuations."""
     from ..core.errors import InputNotFoundError, NoTracesError
