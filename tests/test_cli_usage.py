@@ -326,3 +326,13 @@ def test_a_newline_in_a_file_name_cannot_forge_a_line(tmp_path):
 def test_format_names_are_case_blind_and_markdown_is_md(given, starts):
     r = cli("advise", EXAMPLE, "--format", given)  # issue 36: both were refused
     assert r.returncode == 0 and r.stdout.startswith(starts), r.stderr[-300:]
+
+
+def test_an_id_with_fewer_zeros_suggests_its_number_first():
+    msg = one_line_error(cli("kb", "show", "C-IO-01"), 2)  # issue 36: C-IO-001 came last
+    assert "(did you mean C-IO-001," in msg
+
+
+def test_the_main_job_is_listed_first():
+    out = cli("--help").stdout
+    assert out.index("advise") < out.index("diff") < out.index("inspect")  # issue 36: inspect came first

@@ -24,7 +24,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings=CONTEXT,
 )
-for command in (inputs.inspect, inputs.analyze, advise.advise, compare.diff, compare.annotate):
+for command in (advise.advise, compare.diff, compare.annotate, inputs.inspect, inputs.analyze):  # the main job first
     app.command()(command)
 app.add_typer(kb_app, name="kb")
 app.add_typer(monitor_app, name="monitor")

@@ -47,6 +47,12 @@ def unknown_id(kb, item) -> UsageError:
     family = "-".join(str(item).upper().split("-")[:2]) + "-"
     same = [i for i in ids if i.startswith(family)]
     close = difflib.get_close_matches(str(item), ids, n=3, cutoff=0.6)
+    # the same number written with fewer or more zeros (C-IO-01 for C-IO-001) is the obvious match
+    num = str(item).rsplit("-", 1)[-1]
+    if num.isascii() and num.isdigit():
+        same_number = [i for i in ids if i.upper().startswith(family) and i.rsplit("-", 1)[-1].isdigit()
+                       and int(i.rsplit("-", 1)[-1]) == int(num)]  # fmt: skip
+        close = same_number + [c for c in close if c not in same_number][:3 - len(same_number)]
     msg = f"no rule or case with id {item!r}"
     if close:
         msg += f" (did you mean {', '.join(close)}?)"

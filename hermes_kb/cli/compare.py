@@ -30,9 +30,10 @@ def diff(
     config: Annotated[Path | None, typer.Option("--config", help="YAML of threshold overrides per rule/case id")] = None,
     engine: Annotated[EngineOpt, typer.Option("--engine", help="rules engine")] = EngineOpt.auto,
 ) -> None:
-    """Compare two runs: step time per rank by component, the operators and kernels that changed
-    most, findings resolved / new / unchanged, and whether each resolved finding's predicted gain
-    was met."""
+    """Compare two runs: step time by component, what changed most, and whether predicted gains were met.
+
+    Per rank: the step by component, the operators and kernels that changed most, the findings
+    resolved, new or unchanged, and for each resolved finding whether its predicted gain was met."""
     from ..tools.diff import diff_advised
     from ..render.diff import render_diff_html, render_diff_json, render_diff_markdown, render_diff_terminal
     from ..render.progress import stages
@@ -78,8 +79,10 @@ def annotate(
     config: Annotated[Path | None, typer.Option("--config", help="YAML of threshold overrides per rule/case id")] = None,
     engine: Annotated[EngineOpt, typer.Option("--engine", help="rules engine")] = EngineOpt.auto,
 ) -> None:
-    """Write the trace back with extra tracks for the Perfetto UI and chrome://tracing: each
-    step's critical path, and each finding's evidence windows named by case id."""
+    """Write the trace back with tracks for Perfetto and chrome://tracing: critical paths and findings.
+
+    The extra tracks hold each step's critical path and each finding's evidence windows, named by
+    case id."""
     from ..tools.annotate import annotate_bundle
     from ..render.progress import stages
 
