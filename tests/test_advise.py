@@ -125,3 +125,18 @@ def test_markdown_without_findings_does_not_end_on_an_empty_findings_heading():
     md = render_markdown(report)
     assert "## Findings" not in md and md.rstrip().splitlines()[-1].strip()
     assert "## Findings" in render_markdown(hermes_kb.advise(EXAMPLE))
+
+
+def test_a_finding_left_out_while_much_is_at_stake_says_why_in_every_text_format():
+    # issue 36: C-IO-003 holds 39% of the step on loader_workers_pinned's twin and is rated 1.00x
+    # (the cores are busy): it was hidden under "1 finding(s) under 1.02x left out" with no word why
+    from hermes_kb.render.html import render_html
+    from hermes_kb.render.report import render_terminal_markup
+
+    run = Path(__file__).resolve().parents[1] / "benchmarks/scenarios/recorded/loader_workers_pinned/fixed"
+    report = hermes_kb.advise(run)
+    import html
+
+    for text in (render_markdown(report), render_terminal_markup(report), html.unescape(render_html(report))):
+        assert "C-IO-003" in text and "the job's CPU work already fills its cores" in text
+        assert "39% of the step is at stake, but its fix is rated 1.00x" in text

@@ -36,7 +36,9 @@ MEDIUM_SHARE = 0.03
 def unlinked_ranks(whatif: dict) -> set:
     """Ranks whose dependency graph links none of their device work to a launch call (their
     what-if facts say ``linked: false``): a GPU trace without its runtime events, or whose
-    kernels' correlations match no runtime call."""
+    kernels' correlations match no runtime call. Not known for a streamed job (none lowered)."""
+    if not isinstance(whatif, dict):  # a streamed job's index is looked up per rank, never listed
+        return set()
     have = {r for r, t in whatif if t != "*linked"}
     return have - {r for r, t in whatif if t == "*linked"}
 

@@ -14,7 +14,7 @@ from markupsafe import Markup
 from ..advisor.report import Report
 from ..core.sanitize import clean_model
 from . import svg
-from .report import PHASE_NAMES, TEMPLATES, WORDS, MIN_SPEEDUP, breakdown_rows, phase_rows, shown_findings
+from .report import PHASE_NAMES, TEMPLATES, WORDS, MIN_SPEEDUP, breakdown_rows, phase_rows, shown_findings, worth_little
 
 MAX_HTML_RANKS = 64  # breakdown bars
 MAX_SERIES_RANKS = 8  # lines in the step-time chart
@@ -100,6 +100,7 @@ def render_html(report: Report) -> str:
                                         f.removable_us.high if f.removable_us else 0.0,
                                         f.expected_speedup.low, f.expected_speedup.high)) for f in shown],  # fmt: skip
         "hidden": hidden,
+        "worth_little": worth_little(r),
         "min_speedup": MIN_SPEEDUP,
         "combined_chart": svg.gain_chart(r.combined.step_time_us, r.combined.removable_us.low, r.combined.removable_us.high,
                                          r.combined.expected_speedup.low, r.combined.expected_speedup.high)

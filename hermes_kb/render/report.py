@@ -16,7 +16,7 @@ from rich.console import Group, RenderableType
 from rich.markup import escape as rich_escape
 from rich.text import Text
 
-from ..advisor.report import Report
+from ..advisor.report import Finding, Report
 from ..core.sanitize import clean, clean_line, clean_model, json_terminal_safe
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
@@ -184,10 +184,36 @@ def shown_findings(report: Report) -> tuple[list, int]:
     return shown, len(report.findings) - len(shown)
 
 
+VISIBLE_SHARE = 0.2  # a finding left out while this much of the step is at stake says why it is worth so little
+_BOUND_RE = re.compile(r"Bound: [^.]*(?:\.\d[^.]*)*\.")
+
+
+def worth_little(report: Report) -> list[tuple[Finding, str]]:
+    """The findings left out (under MIN_SPEEDUP) although their time at stake is at least
+    VISIBLE_SHARE of the step, each with why the fix is rated so low: the bound the gain hit
+    (the CPU budget, the critical path), else what the replay found."""
+    out = []
+    for f in report.findings:
+        if f.expected_speedup.high >= MIN_SPEEDUP or f.profile_only or f.share_of_step_ratio < VISIBLE_SHARE:
+            continue
+        m = _BOUND_RE.search(f.assumption)
+        if m:
+            why = m.group(0)
+            if "core_bound_us" in why:  # the monitor's CPU budget: process and workers already fill the cores
+                why = "the job's CPU work already fills its cores, so the step cannot get shorter. " + why
+        elif "Replayed" in f.assumption:
+            why = "the replay of the rank's dependency graph finds little of this time on the critical path"
+        else:
+            why = "see its assumption in the JSON report"
+        out.append((f, why))
+    return out
+
+
 def _context(report: Report) -> dict:
     shown, hidden = shown_findings(report)
     return {"report": report, "rows": breakdown_rows(report), "phase_rows": phase_rows(report), "phases": PHASES,
             "phase_names": PHASE_NAMES, "phase_words": PHASE_WORDS, "findings": shown, "hidden": hidden,
+            "worth_little": worth_little(report),
             "top": _TOP, "words": WORDS, "min_speedup": MIN_SPEEDUP,
             "ranks_left_out": max(0, len([s for s in report.summary if s.breakdown_us]) - MAX_RANK_ROWS)}  # fmt: skip
 
