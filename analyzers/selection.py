@@ -20,6 +20,17 @@ MAX_STEP_FACTS = 8  # per-step facts per kind; beyond that only the steps with t
 GC_NAME = "Python GC"
 
 
+def union_of(df: pd.DataFrame, mask: np.ndarray) -> iv.Intervals:
+    """The union of the [ts, end) intervals of the rows of ``df`` that ``mask`` selects."""
+    if not len(df) or not mask.any():
+        return iv.EMPTY
+    return iv.union(df["ts"].to_numpy(dtype=np.float64)[mask], df["end"].to_numpy(dtype=np.float64)[mask])
+
+
+# the operators and spans that are collectives themselves (issued, or run on gloo's threads)
+COLLECTIVE_OP = re.compile(r"^(?:c10d::|record_param_comms$|gloo:|nccl:|hccl:)")
+
+
 def name_mask(names: pd.Series, pattern: re.Pattern | str) -> np.ndarray:
     """Rows whose name matches the regex (re.search, once per distinct name). Matched with ``re``
     directly: pandas' str.contains warns about capture groups, and silencing that warning is not

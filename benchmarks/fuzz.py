@@ -638,19 +638,6 @@ def semantic_mutation(kind: str, rng: random.Random, out: Path) -> tuple[Path, s
     return _synthetic_gpu(n, rng.randint(0, (n - 1) // 2), True, out / "trace.json"), "kernels have a launch call"
 
 
-class _FakeProfiler:
-    """Stands in for torch.profiler inside the monitor (no torch needed): exports a tiny trace."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
-    def export_chrome_trace(self, path: str) -> None:
-        Path(path).write_text('{"traceEvents": []}')
-
-
 REQUEST_IDS = ["ok", "", "../../x", "/abs", "a/b", "..", ".", "a" * 300, "\x00", "id\nnext", "🔥", "CON", "x y"]
 
 
@@ -686,10 +673,13 @@ def requests_case(rng: random.Random, out: Path) -> str | None:
     from hermes_kb.monitor import Monitor
     from hermes_kb.monitor.capture import REQUEST
 
+    sys.path.insert(0, str(ROOT / "tests"))
+    from hostile import FakeProfiler
+
     run = out / "run"
     (out / "secret.txt").write_text("do not read")
     done = 0
-    with Monitor(run, rank=0, profiler_factory=_FakeProfiler, poll_s=0.0, sample_every=1, procs_every_s=0,
+    with Monitor(run, rank=0, profiler_factory=FakeProfiler, poll_s=0.0, sample_every=1, procs_every_s=0,
                  device_events=False, flops=False, peers_every_s=0.0, warmup=2, domains=["dp"]) as mon:  # fmt: skip
         for i in range(rng.randint(8, 24)):
             if i % 3 == 0:
@@ -885,8 +875,7 @@ def run_case(case: dict) -> dict:
                 bad, report = ([report] if report else []), None
             else:
                 bad = report_problems(report) if report is not None else []
-            wants = (want,) if case["category"] == "semantic" and isinstance(want, str) else want if \
-                case["category"] == "semantic" else ()  # fmt: skip
+            wants = () if case["category"] != "semantic" else (want,) if isinstance(want, str) else want
             if not bad and wants and not any(x in w for x in wants for w in report.warnings):
                 bad = [f"silent: the damage changed the input and no warning says {' or '.join(map(repr, wants))}"]
             if bad:

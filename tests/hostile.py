@@ -76,3 +76,17 @@ def hostile_trace(src: Path, dest: Path) -> Path:
     doc["deviceProperties"] = [{"id": 0, "name": "Dev" + TERM_PAYLOADS[0] + HTML_PAYLOADS[1]}]
     dest.write_bytes(gzip.compress(json.dumps(doc).encode()))
     return dest
+
+
+class FakeProfiler:
+    """Stands in for torch.profiler inside the monitor (no torch here): enter, exit, export a
+    tiny trace (tests/test_monitor_hostile.py, benchmarks/fuzz.py's requests class)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def export_chrome_trace(self, path: str) -> None:
+        Path(path).write_text('{"traceEvents": []}')

@@ -17,19 +17,7 @@ import pytest
 from hermes_kb.monitor import Monitor
 from hermes_kb.monitor.capture import REQUEST, valid_request
 from hermes_kb.monitor.safe_read import read_small_json
-
-
-class FakeProfiler:
-    """Stands in for torch.profiler (no torch here): enter, exit, export a tiny trace."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
-    def export_chrome_trace(self, path: str) -> None:
-        Path(path).write_text('{"traceEvents": []}')
+from hostile import FakeProfiler
 
 
 def _hostile_requests(tmp: Path) -> list:

@@ -13,9 +13,11 @@ import numpy as np
 import pandas as pd
 
 from hermes_kb.trace.args import decode
+from hermes_kb.trace.bundle import RankTrace
 
 from .. import intervals as iv
 from ..context import RankContext
+from ..selection import COLLECTIVE_OP, name_mask, union_of
 
 
 def parse_ranks(text: str) -> list[int]:
@@ -173,16 +175,23 @@ def compute_union(ctx: RankContext) -> iv.Intervals:
 
 def _host_compute(ctx: RankContext) -> iv.Intervals:
     ops = ctx.trace.cpu_ops
-    if not len(ops):
+    top = (ops["depth"].to_numpy() == 0) & ~name_mask(ops["name"], COLLECTIVE_OP) if len(ops) else np.zeros(0, bool)
+    return union_of(ops, top)
+
+
+def host_collective_spans(trace: RankTrace, tid: int | None = None) -> iv.Intervals:
+    """The union of the rank's gloo spans (collectives of source ``host``), all of them or those
+    issued by thread ``tid``."""
+    c = trace.collectives
+    if not len(c):
         return iv.EMPTY
-    top = ops["depth"].to_numpy() == 0
-    names = ops["name"]
-    comm_cat = np.array([bool(COMM_OP.match(str(x))) for x in names.cat.categories], dtype=bool)
-    top &= ~comm_cat[names.cat.codes.to_numpy()] if len(comm_cat) else top
-    return iv.union(ops["ts"].to_numpy(float)[top], ops["end"].to_numpy(float)[top])
-
-
-COMM_OP = re.compile(r"c10d::|record_param_comms$|gloo:")
+    mine = c["source"].astype(str).to_numpy() == "host"
+    if tid is not None:
+        cidx = c["cpu_idx"].to_numpy(np.int64)
+        ops = trace.cpu_ops
+        mine &= (cidx >= 0) & (cidx < len(ops))
+        mine[mine] = ops["tid"].to_numpy(np.int64)[cidx[mine]] == tid
+    return union_of(c, mine)
 
 
 def host_exposed(ctx: RankContext) -> tuple[np.ndarray, iv.Intervals]:
@@ -199,8 +208,7 @@ def host_exposed(ctx: RankContext) -> tuple[np.ndarray, iv.Intervals]:
     if not len(cidx):
         return np.zeros(0, np.int64), iv.EMPTY
     tids, counts = np.unique(ops["tid"].to_numpy(np.int64)[cidx], return_counts=True)
-    u = iv.union(c["ts"].to_numpy(float)[host], c["end"].to_numpy(float)[host])
-    return np.array([tids[np.argmax(counts)]], np.int64), iv.subtract(u, compute_union(ctx))
+    return np.array([tids[np.argmax(counts)]], np.int64), iv.subtract(host_collective_spans(ctx.trace), compute_union(ctx))
 
 
 def group_ranks(ctx: RankContext, pg_name: str, pg_ranks: str) -> list[int]:
@@ -215,4 +223,4 @@ def group_ranks(ctx: RankContext, pg_name: str, pg_ranks: str) -> list[int]:
     return []
 
 
-__all__ = ["TIMED_SOURCES", "compute_union", "group_ranks", "host_exposed", "issue_time", "parse_ranks", "rank_collectives", "split_imbalance"]
+__all__ = ["TIMED_SOURCES", "compute_union", "group_ranks", "host_collective_spans", "host_exposed", "issue_time", "parse_ranks", "rank_collectives", "split_imbalance"]

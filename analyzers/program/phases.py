@@ -38,7 +38,8 @@ from hermes_kb.trace.bundle import RankTrace
 
 from .. import intervals as iv
 from ..context import RankContext
-from ..selection import main_tid, name_mask
+from ..comm.collectives import host_collective_spans
+from ..selection import COLLECTIVE_OP, main_tid, name_mask, union_of
 
 BACKWARD_FRAME = re.compile(r"^torch/(?:_tensor\.py|autograd/__init__\.py)\(\d+\): backward$")
 MODULE_FRAME = re.compile(r"^torch/nn/modules/module\.py\(\d+\): _(?:wrapped_)?call_impl$")
@@ -47,7 +48,6 @@ DATALOADER_FRAME = re.compile(r"^torch/utils/data/dataloader\.py\(\d+\): (?:__it
 # the autograd engine's work: evaluate_function wrappers (PyTorch 1.10+), or before them the
 # backward functions and AccumulateGrad themselves at top level
 BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function: |Backward\d*$|^torch::autograd::AccumulateGrad$")
-COLLECTIVE_OP = re.compile(r"^(?:c10d::|record_param_comms$|gloo:|nccl:|hccl:)")
 # the order in which a phase claims an instant that several cover
 ORDER = ("data", "optimizer", "backward", "communication", "forward", "user_code")
 
@@ -64,12 +64,6 @@ class ThreadView:
 
 def _on(df: pd.DataFrame, tid: int) -> np.ndarray:
     return df["tid"].to_numpy() == tid if len(df) else np.zeros(0, dtype=bool)
-
-
-def _union(df: pd.DataFrame, mask: np.ndarray) -> iv.Intervals:
-    if not len(df) or not mask.any():
-        return iv.EMPTY
-    return iv.union(df["ts"].to_numpy(dtype=np.float64)[mask], df["end"].to_numpy(dtype=np.float64)[mask])
 
 
 def _backward_elsewhere(ops: pd.DataFrame, tid: int, windows) -> iv.Intervals:
@@ -97,15 +91,15 @@ def thread_view(trace: RankTrace, windows) -> ThreadView | None:
     spans: dict[str, iv.Intervals] = {}
     a_on = _on(ann, tid)
     kind = ann["kind"].to_numpy() if len(ann) else np.zeros(0, dtype=object)
-    spans["data"] = _union(ann, a_on & (kind == "dataloader"))
-    spans["optimizer"] = _union(ann, a_on & (kind == "optimizer"))
+    spans["data"] = union_of(ann, a_on & (kind == "dataloader"))
+    spans["optimizer"] = union_of(ann, a_on & (kind == "optimizer"))
     for name, key in (("dataloader_annotations", "data"), ("optimizer_annotations", "optimizer")):
         if len(spans[key][0]):
             sources.append(name)
     p_on = _on(py, tid)
     has_stacks = bool(p_on.any())
     if has_stacks:
-        frames = _union(py, p_on & name_mask(py["name"], DATALOADER_FRAME))
+        frames = union_of(py, p_on & name_mask(py["name"], DATALOADER_FRAME))
         if len(frames[0]):
             spans["data"] = iv.union(np.concatenate([spans["data"][0], frames[0]]),
                                      np.concatenate([spans["data"][1], frames[1]]))
@@ -113,28 +107,28 @@ def thread_view(trace: RankTrace, windows) -> ThreadView | None:
     top = (ops["depth"].to_numpy() == 0) & _on(ops, tid) if len(ops) else np.zeros(0, dtype=bool)
     names = ops["name"] if len(ops) else pd.Series([], dtype=object)
     bwd_op = name_mask(names, BACKWARD_OP) if len(ops) else np.zeros(0, dtype=bool)
-    back = [_union(ops, top & bwd_op)]
+    back = [union_of(ops, top & bwd_op)]
     if has_stacks:
-        back.append(_union(py, p_on & name_mask(py["name"], BACKWARD_FRAME)))
+        back.append(union_of(py, p_on & name_mask(py["name"], BACKWARD_FRAME)))
     if len(ops):
         back.append(_backward_elsewhere(ops, tid, windows))
     spans["backward"] = iv.union(np.concatenate([b[0] for b in back]), np.concatenate([b[1] for b in back]))
     comm_op = name_mask(names, COLLECTIVE_OP) if len(ops) else np.zeros(0, dtype=bool)
-    spans["communication"] = _union(ops, top & comm_op) if len(ops) else iv.EMPTY
-    waits = _host_collective_waits(trace, tid, _union(ops, top & ~comm_op) if len(ops) else iv.EMPTY)
+    spans["communication"] = union_of(ops, top & comm_op) if len(ops) else iv.EMPTY
+    waits = _host_collective_waits(trace, tid, union_of(ops, top & ~comm_op) if len(ops) else iv.EMPTY)
     if len(waits[0]):
         spans["communication"] = iv.union(np.concatenate([spans["communication"][0], waits[0]]),
                                           np.concatenate([spans["communication"][1], waits[1]]))
         sources.append("gloo_spans")
-    forward = [_union(ann, a_on & name_mask(ann["name"], MODULE_ANNOTATION)) if len(ann) else iv.EMPTY]
+    forward = [union_of(ann, a_on & name_mask(ann["name"], MODULE_ANNOTATION)) if len(ann) else iv.EMPTY]
     if len(forward[0][0]):
         sources.append("module_annotations")
     if has_stacks:
-        forward.append(_union(py, p_on & name_mask(py["name"], MODULE_FRAME)))
+        forward.append(union_of(py, p_on & name_mask(py["name"], MODULE_FRAME)))
         sources.append("python_stacks")
     else:
         seq = ops["seq"].to_numpy() if len(ops) else np.zeros(0)
-        forward.append(_union(ops, top & (seq >= 0) & ~bwd_op))
+        forward.append(union_of(ops, top & (seq >= 0) & ~bwd_op))
         if len(forward[-1][0]):
             sources.append("sequence_numbers")
     spans["forward"] = iv.union(np.concatenate([f[0] for f in forward]), np.concatenate([f[1] for f in forward]))
@@ -148,16 +142,7 @@ def _host_collective_waits(trace: RankTrace, tid: int, busy: iv.Intervals) -> iv
     """The time this thread waits for the gloo collectives it issued (``dist.all_reduce`` blocks
     until gloo's thread is done, with no operator recorded meanwhile): their spans on gloo's
     threads less this thread's other top-level operators."""
-    c = trace.collectives
-    if not len(c):
-        return iv.EMPTY
-    cidx = c["cpu_idx"].to_numpy(np.int64)
-    ops = trace.cpu_ops
-    mine = (c["source"].astype(str).to_numpy() == "host") & (cidx >= 0) & (cidx < len(ops))
-    if not mine.any():
-        return iv.EMPTY
-    mine[mine] = ops["tid"].to_numpy(np.int64)[cidx[mine]] == tid
-    return iv.subtract(_union(c, mine), busy)
+    return iv.subtract(host_collective_spans(trace, tid), busy)
 
 
 def user_cover(trace: RankTrace, tid: int, top: np.ndarray, has_stacks: bool) -> iv.Intervals:
@@ -168,8 +153,8 @@ def user_cover(trace: RankTrace, tid: int, top: np.ndarray, has_stacks: bool) ->
         from .functions import user_frame_mask
 
         py = trace.python
-        return _union(py, _on(py, tid) & user_frame_mask(py["name"]))
-    return _union(trace.cpu_ops, top)
+        return union_of(py, _on(py, tid) & user_frame_mask(py["name"]))
+    return union_of(trace.cpu_ops, top)
 
 
 def exclusive(spans: dict[str, iv.Intervals], lo: float, hi: float) -> dict[str, iv.Intervals]:

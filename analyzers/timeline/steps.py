@@ -18,6 +18,7 @@ from hermes_kb.facts.base import Evidence
 from hermes_kb.facts.steps import StepStructure, StepTime
 from hermes_kb.trace.bundle import RankTrace
 
+from .. import intervals as iv
 from ..context import RankContext, StepWindow
 
 PARTIAL_RATIO = 0.6
@@ -90,8 +91,6 @@ def _infer_marks(trace: RankTrace) -> tuple[pd.DataFrame | None, str, str | None
 def _busy_us(trace: RankTrace, lo: float, hi: float) -> float:
     """µs of [lo, hi) covered by the rank's traced work: top-level CPU ops, runtime calls, kernels
     and copies."""
-    from .. import intervals as iv
-
     starts, ends = [], []
     for df, top in ((trace.cpu_ops, True), (trace.runtime, False), (trace.kernels, False), (trace.memcpy, False)):
         if not len(df):
