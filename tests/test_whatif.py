@@ -259,3 +259,33 @@ def test_deferred_replays_give_the_eager_report_and_the_eager_facts_they_replay(
         f = mine[k]
         assert f.removed_all_us == f.critical_us and f.removed_half_us == 0.5 * f.critical_us
     assert {k for k in used if k in theirs and theirs[k].replayed} <= replayed
+
+
+def test_a_fix_that_removes_kernels_removes_their_launching_operators_too(tmp_path):
+    # a host-bound step: four operators back to back, each launching short kernels. aten::add and
+    # aten::mul launch only element-wise kernels; aten::foo launches an element-wise kernel and a
+    # GEMM; aten::mm a GEMM. Fusing the element-wise kernels removes the calls of add and mul (100
+    # µs of host work), not foo's (it still launches its GEMM) nor mm's.
+    ew = "void at::native::vectorized_elementwise_kernel<4, at::native::AddFunctor<float>>(int, float*)"
+    gemm = "ampere_sgemm_128x64_nn"
+    ev = [
+        X("user_annotation", "ProfilerStep#1", 0, 210),
+        X("cpu_op", "aten::add", 0, 50), R("cudaLaunchKernel", 40, 5, 1), K(ew, 46, 2, 1),
+        X("cpu_op", "aten::mul", 50, 50), R("cudaLaunchKernel", 90, 5, 2), K(ew, 96, 2, 2),
+        X("cpu_op", "aten::foo", 100, 50), R("cudaLaunchKernel", 120, 5, 3), K(ew, 126, 2, 3),
+        R("cudaLaunchKernel", 140, 5, 4), K(gemm, 146, 3, 4),
+        X("cpu_op", "aten::mm", 150, 50), R("cudaLaunchKernel", 190, 5, 5), K(gemm, 196, 3, 5),
+        X("cpu_op", "aten::relu", 200, 10),
+    ]  # fmt: skip
+    ctx, facts = ctx_of(write_trace(tmp_path / "t.json", ev))
+    w = whatif(facts, "fusable")
+    # the three element-wise kernels (6 µs) and the host segments of add and mul (2 x 50 µs)
+    assert w.launch_host_us == pytest.approx(100.0)
+    assert w.own_us == pytest.approx(106.0)
+    # everything after mul starts 100 µs earlier; the kernels are too short to hold anything up
+    assert w.removed_all_us == pytest.approx(100.0, abs=0.5)
+    # a set without the flag holds the kernels alone
+    g = ctx.shared["graph"]
+    plain = WhatIfSet("x", "kernels only", kernels=np.array([0, 1, 2]))
+    r = node_amounts(g, plain, len(ctx.trace.kernels))
+    assert r[: g.n_host].sum() == 0.0 and r.sum() == pytest.approx(6.0)

@@ -108,15 +108,19 @@ def _ascend_classes(frame: pd.DataFrame, table: np.ndarray, name_codes: np.ndarr
     return cls[inv.reshape(-1)]
 
 
-def register_device(ctx: RankContext, name: str, description: str, act: Acts) -> None:
+def register_device(ctx: RankContext, name: str, description: str, act: Acts, launches: bool = False) -> None:
+    """``launches``: the fix removes the kernels' calls too (WhatIfSet.launches)."""
     if len(act):
-        register(ctx, WhatIfSet(name, description, kernels=act.row[act.kernel], memcpy=act.row[~act.kernel]))
+        register(ctx, WhatIfSet(name, description, kernels=act.row[act.kernel], memcpy=act.row[~act.kernel],
+                                launches=launches))  # fmt: skip
 
 
-def register_selected(ctx: RankContext, name: str, description: str, act: Acts, m: np.ndarray) -> None:
+def register_selected(ctx: RankContext, name: str, description: str, act: Acts, m: np.ndarray,
+                      launches: bool = False) -> None:  # fmt: skip
     if m.any():
         sub = act.take(m)
-        register(ctx, WhatIfSet(name, description, kernels=sub.row[sub.kernel], memcpy=sub.row[~sub.kernel]))
+        register(ctx, WhatIfSet(name, description, kernels=sub.row[sub.kernel], memcpy=sub.row[~sub.kernel],
+                                launches=launches))  # fmt: skip
 
 
 def ratio(x: float) -> float:

@@ -179,7 +179,8 @@ def sdpa_math(ctx: RankContext, act: Acts, k: Acts, launcher: np.ndarray | None)
     km = ok & (under | bwd)[np.clip(launcher, 0, None)] & (k.cls != _COMM)
     if not km.any():
         return []
-    register_selected(ctx, "sdpa_math", "kernels of scaled_dot_product_attention's math path (forward and backward)", k, km)
+    register_selected(ctx, "sdpa_math", "kernels of scaled_dot_product_attention's math path (forward and backward)", k, km,
+                      launches=True)
     t = float(k.dur[km].sum())
     total = float(act.dur.sum())
     # the math call with the most device time: its q dtype and shape

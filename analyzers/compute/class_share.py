@@ -35,7 +35,7 @@ def class_facts(ctx: RankContext, act: Acts) -> list[Fact]:
     comm = CLS_INDEX["communication"]
     register_device(ctx, "device_compute", "every device activity but collectives", act.take(act.cls != comm))
     register_device(ctx, "fusable", "element-wise, reduction and normalisation kernels",
-                    act.take(np.isin(act.cls, [CLS_INDEX[c] for c in FUSION_CLASSES])))
+                    act.take(np.isin(act.cls, [CLS_INDEX[c] for c in FUSION_CLASSES])), launches=True)
     for ci, c in enumerate(CLASSES):
         m = act.cls == ci
         n = int(m.sum())

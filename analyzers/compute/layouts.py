@@ -152,7 +152,8 @@ def copy_kinds(ctx: RankContext, act: Acts, k: Acts, launcher: np.ndarray | None
         if not n:
             continue
         if ck in sets:
-            register_selected(ctx, sets[ck][0], sets[ck][1], act, m)
+            # a conversion no longer made, or made once, is a call no longer made
+            register_selected(ctx, sets[ck][0], sets[ck][1], act, m, launches=ck in ("dtype_cast", "layout_transpose"))
         t = float(act.dur[m].sum())
         tk = top_label(np.array([short_kernel_name(str(act.names[i])) for i in act.name_id[m]], dtype=object), act.dur[m])
         to = top_label(top_op[m], act.dur[m])

@@ -58,7 +58,7 @@ def optimizer_device(ctx: RankContext, act: Acts, k: Acts) -> list[Fact]:
     dev_t = float(act.dur[m].sum())
     comp = float(act.dur[act.cls != _COMM].sum())
     n = int(m.sum())
-    register_selected(ctx, "optimizer_kernels", "the device work launched inside optimizer.step()", act, m)
+    register_selected(ctx, "optimizer_kernels", "the device work launched inside optimizer.step()", act, m, launches=True)
     return [OptimizerDevice(
         rank=ctx.rank, optimizer=opt.group(1) if opt else "unknown", implementation=impl,
         calls_count=len(calls), kernels_count=n, kernels_per_call=n / len(calls), device_us=dev_t,

@@ -246,7 +246,28 @@ def node_amounts(g: Graph, s: WhatIfSet, n_kernels: int) -> np.ndarray:
                           s.memcpy[s.memcpy >= 0] + nS + n_kernels]).astype(np.int64)  # fmt: skip
     dev = dev[dev < n]
     r[dev] = g.end[dev] - g.start[dev]
+    if s.launches and len(dev):
+        r[launching_host(g, dev)] = (g.end - g.start)[launching_host(g, dev)]
     return np.clip(r, 0.0, None)
+
+
+def launching_host(g: Graph, dev: np.ndarray) -> np.ndarray:
+    """The host segments of the operators that launched only these device nodes (a fused kernel
+    replaces their calls: the operator's dispatch and launch go with its kernels). An operator that
+    also launched device work outside the set stays, as the fix keeps it; unlinked kernels name no
+    operator."""
+    nS = g.n_host
+    la = g.launch[nS:]
+    linked = la >= 0
+    if not linked.any():
+        return np.zeros(0, np.int64)
+    inst_of = g.inst[la[linked]]  # the launching operator of every linked device node
+    in_set = np.zeros(len(g.start) - nS, dtype=bool)
+    in_set[dev - nS] = True
+    ours, other = np.unique(inst_of[in_set[linked]]), np.unique(inst_of[~in_set[linked]])
+    pure = np.setdiff1d(ours, other)
+    host = np.flatnonzero(np.isin(g.inst[:nS], pure) & ~g.is_gap[:nS])
+    return host
 
 
 @dataclass
@@ -496,6 +517,7 @@ def per_rank(ctx: RankContext) -> list[Fact]:
             # the bound, where the set is not replayed
             removed_half_us=0.5 * crit, removed_all_us=crit, removed_all_ratio=min(1.0, crit / step_us) if step_us > 0 else 0.0,
             nodes_count=int(len(nodes)), critical_overlaps_us=overlaps, linked=linked, replayed=False,
+            launch_host_us=float(r[: g.n_host].sum()) if s.launches and not len(s.host_start) else 0.0,
             evidence=Evidence(
                 time_ranges_us=[(float(g.start[i]), float(g.end[i])) for i in top[:3]],
                 events=list(dict.fromkeys(g.names[int(g.name[i])] for i in top))[:5],

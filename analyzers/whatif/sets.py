@@ -23,6 +23,10 @@ class WhatIfSet:
     kernels: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # rows of trace.kernels
     memcpy: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # rows of trace.memcpy
     drop_waits: bool = False  # the fix removes the waits themselves (a sync that is no longer called)
+    # the fix removes these kernels' calls, not only their device time (fusion, a fused optimizer,
+    # conversions no longer made): the host work of the operators that launched only set kernels
+    # goes with them (replay.node_amounts)
+    launches: bool = False
 
     @staticmethod
     def of_intervals(name: str, description: str, tid, start, end, **kw) -> WhatIfSet:
@@ -41,5 +45,5 @@ def register(ctx: RankContext, s: WhatIfSet) -> None:
         s.name, old.description,
         np.concatenate([old.host_tid, s.host_tid]), np.concatenate([old.host_start, s.host_start]),
         np.concatenate([old.host_end, s.host_end]), np.unique(np.concatenate([old.kernels, s.kernels])),
-        np.unique(np.concatenate([old.memcpy, s.memcpy])), old.drop_waits or s.drop_waits,
+        np.unique(np.concatenate([old.memcpy, s.memcpy])), old.drop_waits or s.drop_waits, old.launches or s.launches,
     )  # fmt: skip

@@ -120,19 +120,25 @@ def match_gain(case: Case, m: Match, step_means: dict, whatif: dict, bds: dict,
     if w is not None and float(w.get("own_us") or 0.0) > 0 and float(w.get("step_us") or 0.0) > 0:
         t = float(w["step_us"])
         own = float(w["own_us"])
+        # the device time the case measured compares with the set's device part: the launching
+        # operators' host time in the set goes with its kernels at the same fraction
+        own_device = max(own - float(w.get("launch_host_us") or 0.0), 1e-9)
         extra_lo = extra_hi = 0.0
         if g.whatif.scale == "set":
             phi_lo, phi_hi = lo_f, hi_f
         else:
-            phi_lo, phi_hi = lo_f * min(1.0, r_low / own), hi_f * min(1.0, r / own)
+            phi_lo, phi_hi = lo_f * min(1.0, r_low / own_device), hi_f * min(1.0, r / own_device)
             # measured time beyond the set's events (work around them that goes with the fix):
             # counted one for one, as nothing in the graph says what it overlaps
-            extra_lo, extra_hi = lo_f * max(0.0, r_low - own), hi_f * max(0.0, r - own)
+            extra_lo, extra_hi = lo_f * max(0.0, r_low - own_device), hi_f * max(0.0, r - own_device)
         half, full = float(w.get("removed_half_us") or 0.0), float(w.get("removed_all_us") or 0.0)
         rm_lo = removed_at(half, full, phi_lo) + extra_lo
         rm_hi = removed_at(half, full, phi_hi) + extra_hi
+        launch_host = own - own_device if own - own_device > 1e-6 else 0.0
         note = (f"Replayed on rank {rank}'s dependency graph (docs/advice.md): the {g.whatif.target} events "
-                f"({own / 1e3:,.2f} ms, {float(w.get('critical_us') or 0.0) / 1e3:,.2f} ms of it on the critical path) "
+                f"({own / 1e3:,.2f} ms, {float(w.get('critical_us') or 0.0) / 1e3:,.2f} ms of it on the critical path"
+                + (f"; {launch_host / 1e3:,.2f} ms of it the host work of the operators that launched only these kernels, "
+                   "whose calls the fix removes too" if launch_host else "") + ") "
                 f"shortened by {phi_lo:.0%}-{phi_hi:.0%}"
                 + ("" if g.whatif.scale == "set" else
                    f" (the fix's {lo_f:.0%}-{hi_f:.0%} of the {r / 1e3:,.2f} ms measured as {g.removes.field})")

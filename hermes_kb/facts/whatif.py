@@ -54,6 +54,9 @@ class WhatIf(Fact):
     removed_all_us: float = us("how much shorter they get with the set's events gone")
     removed_all_ratio: float = ratio("removed_all_us / step_us")
     nodes_count: int = measure("count", "graph nodes (host segments, device activities) in the set")
+    launch_host_us: float = us("of own_us: the host time of the operators that launched only the set's kernels, in the set "
+                               "because its fix removes the calls too (fusion, a fused optimizer; 0 for other sets)",
+                               default=0.0)
     replayed: bool = Field(default=True, description="false: the set's critical time is under 2% of the span; "
                            "removed_* are then that bound, not a replay")
     linked: bool = Field(default=True, description="the graph links device work to its launches (the replay is trusted)")
