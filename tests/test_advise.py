@@ -41,8 +41,8 @@ def test_gain_is_computed_from_the_trace(report):
     assert n == 5
     r, t = d.processing_us / n, d.step_us / n
     assert top.time_at_stake_us == pytest.approx(r, rel=1e-6) and top.step_time_us == pytest.approx(t, rel=1e-6)
-    assert top.expected_speedup.low == pytest.approx(t / (t - 0.5 * r), rel=1e-3)
-    assert top.expected_speedup.high == pytest.approx(t / (t - 0.95 * r), rel=1e-3)
+    assert top.expected_speedup.model_low == pytest.approx(t / (t - 0.5 * r), rel=1e-3)
+    assert top.expected_speedup.model_high == pytest.approx(t / (t - 0.95 * r), rel=1e-3)
     assert top.share_of_step_ratio == pytest.approx(r / t, abs=1e-4)
     assert "speedup = step time / (step time - removed)" in top.assumption
     assert any(e.fact == "dataloader_wait" and e.time_ranges_us for e in top.evidence)

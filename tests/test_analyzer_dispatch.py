@@ -111,7 +111,7 @@ def test_advise_names_it_first_and_not_on_the_twin():
     assert bad.findings[0].case_id == "C-CPU-026"
     s = bad.findings[0].expected_speedup
     # removed 52.83 ms x [0.7, 1.0] of 63.90 ms (82.7%) -> 1/(1 - 0.579) .. 1/(1 - 0.827)
-    assert s.low == pytest.approx(2.37, abs=0.02) and s.high == pytest.approx(5.77, abs=0.03)
+    assert s.model_low == pytest.approx(2.37, abs=0.02) and s.model_high == pytest.approx(5.77, abs=0.03)
     fixed = hermes_kb.advise(hermes_kb.load(SCENARIO / "fixed" / "rank0.capture-profile.json.gz"))
     assert all(f.case_id != "C-CPU-026" for f in fixed.findings)
 
@@ -149,8 +149,8 @@ def test_optimizer_case_on_the_for_loop_recording():
     run = SCENARIO.parent / "optimizer_for_loop"
     rep = hermes_kb.advise(hermes_kb.load(run / "bad" / "rank0.capture-profile.json.gz"))
     f = next(x for x in rep.findings if x.case_id == "C-CPU-027")
-    assert f.expected_speedup.low == pytest.approx(1.84, abs=0.02)
-    assert f.expected_speedup.high == pytest.approx(2.99, abs=0.02)
+    assert f.expected_speedup.model_low == pytest.approx(1.84, abs=0.02)
+    assert f.expected_speedup.model_high == pytest.approx(2.99, abs=0.02)
     fixed = hermes_kb.advise(hermes_kb.load(run / "fixed" / "rank0.capture-profile.json.gz"))
     assert all(x.case_id != "C-CPU-027" for x in fixed.findings)
 

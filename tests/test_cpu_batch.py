@@ -125,8 +125,8 @@ def test_small_batch_scenario_is_diagnosed():
     from hermes_kb.analysis.run_dir import analyze_run_dir
 
     (t,) = [f for f in analyze_run_dir(d / "bad").facts if f.kind == "cpu_thin_matmuls"]
-    assert bad[0].expected_speedup.low == pytest.approx(t.step_us / (t.step_us - t.per_sample_saving_low_us), rel=1e-3)
-    assert bad[0].expected_speedup.high == pytest.approx(t.step_us / (t.step_us - t.per_sample_saving_high_us), rel=1e-3)
+    assert bad[0].expected_speedup.model_low == pytest.approx(t.step_us / (t.step_us - t.per_sample_saving_low_us), rel=1e-3)
+    assert bad[0].expected_speedup.model_high == pytest.approx(t.step_us / (t.step_us - t.per_sample_saving_high_us), rel=1e-3)
     assert "C-COMP-020" not in [f.case_id for f in hermes_kb.advise(d / "fixed").findings]
 
 

@@ -178,13 +178,13 @@ def test_cpu_and_environment_facts(tmp_path):
     ids = {f.case_id for f in report.findings}
     assert {"C-MON-007", "C-MON-010", "C-MON-011"} <= ids  # contention by stress, launch blocking, logging
     lb_finding = next(f for f in report.findings if f.case_id == "C-MON-010")
-    assert lb_finding.expected_speedup.low == pytest.approx(20 / (20 - 0.5 * 6), abs=1e-3)
-    assert lb_finding.expected_speedup.high == pytest.approx(20 / (20 - 6), abs=1e-3)
+    assert lb_finding.expected_speedup.model_low == pytest.approx(20 / (20 - 0.5 * 6), abs=1e-3)
+    assert lb_finding.expected_speedup.model_high == pytest.approx(20 / (20 - 6), abs=1e-3)
     dbg = next(f for f in report.findings if f.case_id == "C-MON-011")
-    assert dbg.expected_speedup.low == 1.0 and dbg.severity != "high"
+    assert dbg.expected_speedup.model_low == 1.0 and dbg.severity != "high"
     contention = next(f for f in report.findings if f.case_id == "C-MON-007")
-    assert contention.expected_speedup.low == pytest.approx(20 / (20 - 0.7 * 8), abs=1e-3)
-    assert contention.expected_speedup.high == pytest.approx(20 / (20 - 8), abs=1e-3)
+    assert contention.expected_speedup.model_low == pytest.approx(20 / (20 - 0.7 * 8), abs=1e-3)
+    assert contention.expected_speedup.model_high == pytest.approx(20 / (20 - 8), abs=1e-3)
 
 
 def test_runqueue_wait_split_between_others_and_own_threads(tmp_path):
@@ -201,8 +201,8 @@ def test_runqueue_wait_split_between_others_and_own_threads(tmp_path):
     ids = {f.case_id: f for f in hermes_kb.advise(tmp_path).findings}
     # both causes rest on the same facts: one finding, the other listed as related
     assert "C-MON-008" in ids["C-MON-007"].related
-    assert ids["C-MON-007"].expected_speedup.high == pytest.approx(20 / (20 - 5), abs=1e-3)
-    assert ids["C-MON-007"].expected_speedup.low == pytest.approx(20 / (20 - 0.7 * 5), abs=1e-3)
+    assert ids["C-MON-007"].expected_speedup.model_high == pytest.approx(20 / (20 - 5), abs=1e-3)
+    assert ids["C-MON-007"].expected_speedup.model_low == pytest.approx(20 / (20 - 0.7 * 5), abs=1e-3)
 
 
 def test_oversubscription_counts_the_main_threads_barrier_sleeps(tmp_path):
@@ -220,8 +220,8 @@ def test_oversubscription_counts_the_main_threads_barrier_sleeps(tmp_path):
     assert c.wait_from_own_us == pytest.approx(44_000) and c.main_sleep_us == pytest.approx(14_000)
     assert c.own_stall_us == pytest.approx(58_000)
     (f,) = [x for x in hermes_kb.advise(tmp_path / "cpu").findings if x.case_id == "C-MON-008"]
-    assert f.expected_speedup.low == pytest.approx(80 / (80 - 0.5 * 44), abs=1e-3)
-    assert f.expected_speedup.high == pytest.approx(80 / (80 - 58), abs=1e-3)
+    assert f.expected_speedup.model_low == pytest.approx(80 / (80 - 0.5 * 44), abs=1e-3)
+    assert f.expected_speedup.model_high == pytest.approx(80 / (80 - 58), abs=1e-3)
     assert "slept another 14.0 ms" in f.explanation
     # the same on a GPU rank (device step times recorded): its sleeps are device waits, not counted
     steps = [{"wall_s": 0.080, "data_wait_s": 0.002, **({"device_s": [[i, 0.07]]} if i else {})} for i in range(40)]
@@ -244,8 +244,8 @@ def test_advise_findings_and_gains_on_synthetic_run(tmp_path):
     assert gc_f.ranks == [0] and gc_f.category == "cpu"
     # removes 150 ms / 98 steps per step, of a mean step of 1175 / 98 ms, fraction 0.6-0.95
     t, r = 1175 / 98, 150 / 98
-    assert gc_f.expected_speedup.low == pytest.approx(t / (t - 0.6 * r), abs=1e-3)
-    assert gc_f.expected_speedup.high == pytest.approx(t / (t - 0.95 * r), abs=1e-3)
+    assert gc_f.expected_speedup.model_low == pytest.approx(t / (t - 0.6 * r), abs=1e-3)
+    assert gc_f.expected_speedup.model_high == pytest.approx(t / (t - 0.95 * r), abs=1e-3)
     assert "every 20 steps" in gc_f.explanation
     assert by_id["C-MON-003"].ranks == [0]  # 25 ms / 1175 ms = 2.1% >= 2%: the checkpoint stall
     assert [s.steps_count for s in report.summary] == [98, 98]
@@ -425,12 +425,12 @@ def test_core_bound_caps_the_loader_gain(tmp_path):
     f = next(f for f in hermes_kb.advise(tmp_path).findings if f.case_id == "C-IO-001")
     cap = d.core_bound_us
     assert cap < 0.95 * r  # the bound binds
-    assert f.expected_speedup.high == pytest.approx(t / (t - cap), rel=1e-3)
-    assert f.expected_speedup.low == pytest.approx(t / (t - min(0.5 * r, cap)), rel=1e-3)
+    assert f.expected_speedup.model_high == pytest.approx(t / (t - cap), rel=1e-3)
+    assert f.expected_speedup.model_low == pytest.approx(t / (t - min(0.5 * r, cap)), rel=1e-3)
     assert "Bound: at most" in f.assumption and "cores per rank on this machine" in f.explanation
     # without the monitor the same trace keeps the unbounded range
     plain = next(f for f in hermes_kb.advise(tmp_path / "rank0.captureauto1.json.gz").findings if f.case_id == "C-IO-001")
-    assert plain.expected_speedup.high == pytest.approx(t / (t - 0.95 * r), rel=1e-3)
+    assert plain.expected_speedup.model_high == pytest.approx(t / (t - 0.95 * r), rel=1e-3)
 
 
 def test_profiler_overhead_by_hand():
@@ -567,8 +567,8 @@ def test_page_fault_fact_by_hand(tmp_path):
     report = hermes_kb.advise(tmp_path)
     (pf,) = [x for x in report.findings if x.case_id == "C-MON-012"]
     t, r = 10000.0, f.sys_us  # fraction 0.5-1.0 of the system time
-    assert pf.expected_speedup.low == pytest.approx(t / (t - 0.5 * r), abs=1e-3)
-    assert pf.expected_speedup.high == pytest.approx(t / (t - r), abs=1e-3)
+    assert pf.expected_speedup.model_low == pytest.approx(t / (t - 0.5 * r), abs=1e-3)
+    assert pf.expected_speedup.model_high == pytest.approx(t / (t - r), abs=1e-3)
 
 
 def test_page_faults_absent_or_explained_by_other_kernel_work(tmp_path):

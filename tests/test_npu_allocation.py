@@ -65,8 +65,8 @@ def test_allocation_time_by_hand_and_the_case_fires(tmp_path):
     # the gain never exceeds the time in the calls: at best 70 µs of the 2000 µs window leave,
     # speedup 2000 / (2000 - 70); at the low end half of it, 2000 / (2000 - 35)
     assert f.share_of_step_ratio == pytest.approx(0.035)
-    assert f.expected_speedup.high == pytest.approx(2000 / 1930, abs=1e-3)
-    assert f.expected_speedup.low == pytest.approx(2000 / 1965, abs=1e-3)
+    assert f.expected_speedup.model_high == pytest.approx(2000 / 1930, abs=1e-3)
+    assert f.expected_speedup.model_low == pytest.approx(2000 / 1965, abs=1e-3)
 
 
 def test_small_allocation_time_stays_silent(tmp_path):

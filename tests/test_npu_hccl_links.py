@@ -85,8 +85,8 @@ def test_transit_per_link_by_hand_and_the_case_fires(tmp_path):
     assert "HCCL_INTRA_ROCE_ENABLE=1" in c.explanation and "20.0 GB/s" in c.explanation
     # removable 15 ms of the 200 ms step, the fix removes 50-100% of it
     assert c.time_at_stake_us == pytest.approx(15_000.0) and c.step_time_us == pytest.approx(200_000.0)
-    assert c.expected_speedup.high == pytest.approx(200 / 185, abs=1e-3)
-    assert c.expected_speedup.low == pytest.approx(200 / 192.5, abs=1e-3)
+    assert c.expected_speedup.model_high == pytest.approx(200 / 185, abs=1e-3)
+    assert c.expected_speedup.model_low == pytest.approx(200 / 192.5, abs=1e-3)
 
 
 def test_per_step_shares_and_nominal_fraction_without_hccs(tmp_path):
@@ -162,7 +162,7 @@ def test_monitor_env_fills_what_the_trace_did_not_record(tmp_path):
     assert (m.variable, m.value, m.device) == ("HCCL_INTRA_ROCE_ENABLE", "1", "npu")
     report = hermes_kb.advise(tmp_path)
     (c,) = [x for x in report.findings if x.case_id == "C-COMM-009"]
-    assert c.expected_speedup.high == pytest.approx(200 / 185, abs=1e-3)
+    assert c.expected_speedup.model_high == pytest.approx(200 / 185, abs=1e-3)
 
 
 def test_without_the_monitor_the_flag_is_unknown_and_nothing_fires(tmp_path):

@@ -29,7 +29,7 @@ def test_for_loop_adamw_faults_its_temporaries_in_every_step_and_the_fused_twin_
     found = {f.case_id: f for f in hermes_kb.advise(ZOO / "optimizer_for_loop" / "bad").findings}
     s = found["C-MON-012"].expected_speedup
     t, r = bad.mean_step_us, bad.sys_us
-    assert s.low == pytest.approx(t / (t - 0.5 * r), abs=1e-3) and s.high == pytest.approx(t / (t - r), abs=1e-3)
+    assert s.model_low == pytest.approx(t / (t - 0.5 * r), abs=1e-3) and s.model_high == pytest.approx(t / (t - r), abs=1e-3)
     assert "C-MON-012" not in {f.case_id for f in hermes_kb.advise(ZOO / "optimizer_for_loop" / "fixed").findings}
 
 
@@ -40,8 +40,8 @@ def test_oversubscribed_main_thread_sleeps_at_barriers():
     assert c.own_stall_us == pytest.approx(c.wait_from_own_us + c.main_sleep_us * c.wait_from_own_us / c.runqueue_wait_us)
     (f,) = [x for x in hermes_kb.advise(ZOO / "thread_oversubscription" / "bad").findings if x.case_id == "C-MON-008"]
     t = c.mean_step_us
-    assert f.expected_speedup.low == pytest.approx(t / (t - 0.5 * c.wait_from_own_us), abs=1e-3)
-    assert f.expected_speedup.high == pytest.approx(t / (t - c.own_stall_us), abs=1e-3)
+    assert f.expected_speedup.model_low == pytest.approx(t / (t - 0.5 * c.wait_from_own_us), abs=1e-3)
+    assert f.expected_speedup.model_high == pytest.approx(t / (t - c.own_stall_us), abs=1e-3)
     fixed = fact(ZOO / "thread_oversubscription" / "fixed", "monitor_cpu")  # 1 thread: nothing to add
     assert fixed.own_stall_us == pytest.approx(fixed.wait_from_own_us)
 
@@ -58,9 +58,9 @@ def test_checkpoint_steps_add_more_than_their_io_frames():
     steps = [x for x in analyze_run_dir(ZOO / "checkpoint_stalls" / "bad").facts if x.kind == "step_time" and x.rank == u.rank]
     n = len(steps)
     assert n > 1
-    assert f.replayed and f.removable_us.low == pytest.approx(0.7 * u.python_io_us / n, rel=1e-3)
-    assert f.removable_us.high == pytest.approx(0.95 * u.blocking_io_us / n, rel=1e-3)
+    assert f.replayed and f.removable_us.model_low == pytest.approx(0.7 * u.python_io_us / n, rel=1e-3)
+    assert f.removable_us.model_high == pytest.approx(0.95 * u.blocking_io_us / n, rel=1e-3)
     t = f.step_time_us
     assert t == pytest.approx(sum(x.duration_us for x in steps) / n, rel=1e-3)
-    assert f.expected_speedup.high == pytest.approx(t / (t - 0.95 * u.blocking_io_us / n), abs=1e-3)
+    assert f.expected_speedup.model_high == pytest.approx(t / (t - 0.95 * u.blocking_io_us / n), abs=1e-3)
     assert fact(ZOO / "checkpoint_stalls" / "fixed", "untraced_host_time").io_steps_count == 0

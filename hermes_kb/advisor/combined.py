@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 
 from ..analysis.replay import removed_together
-from .findings import MIN_REPORTED_SPEEDUP
+from .calibration import calibrate
+from .calibration import load as load_calibration
+from .findings import MIN_REPORTED_SPEEDUP, calibrated
 from .gains import CATEGORY_COMPONENTS, MatchGain
 from .report import CombinedGain, Finding, Removable, Speedup
 
@@ -67,16 +70,21 @@ def combined_gain(findings: list[Finding], plans: dict[str, list[MatchGain]], re
     t = statistics.median(x[0] for x in per_rank)
     lo = statistics.median(x[1] for x in per_rank)
     hi = statistics.median(x[2] for x in per_rank)
-    return CombinedGain(
-        case_ids=[f.case_id for f in chosen],
-        expected_speedup=Speedup(low=round(t / max(t - lo, 1e-9), 3), high=round(t / max(t - hi, 1e-9), 3)),
-        removable_us=Removable(low=round(lo, 3), high=round(hi, 3)),
-        step_time_us=round(t, 3),
-        note=("the fixes applied together, replayed at once on each rank's dependency graph (an event two fixes act "
-              "on is shortened once, the second fix taking its share of what the first left), median over ranks; "
-              "fixes without a replay add their removable time; bounded by the critical-path time of the "
-              "components they act on, and leaving at least 5% of the step"),
-    )
+    speedup = Speedup(low=round(t / max(t - lo, 1e-9), 3), high=round(t / max(t - hi, 1e-9), 3))
+    removable = Removable(low=round(lo, 3), high=round(hi, 3))
+    note = ("the fixes applied together, replayed at once on each rank's dependency graph (an event two fixes act "
+            "on is shortened once, the second fix taking its share of what the first left), median over ranks; "
+            "fixes without a replay add their removable time; bounded by the critical-path time of the "
+            "components they act on, and leaving at least 5% of the step")
+    stated = calibrate(speedup.low, speedup.high, load_calibration())
+    if stated is not None:
+        top = 1.0 / MIN_LEFT_SHARE
+        stated = dataclasses.replace(stated, low=min(stated.low, top), point=min(stated.point, top), high=min(stated.high, top))
+        speedup, removable = calibrated(speedup, removable, t, stated)
+        note += ("; the range is calibrated as a single fix's is (docs/advice.md#calibrated-ranges), its coverage "
+                 "measured on single fixes only")
+    return CombinedGain(case_ids=[f.case_id for f in chosen], expected_speedup=speedup, removable_us=removable,
+                        step_time_us=round(t, 3), note=note)
 
 
 __all__ = ["combined_gain"]

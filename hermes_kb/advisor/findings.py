@@ -16,6 +16,8 @@ from ..facts.base import Fact
 from ..kb.matches import Inference, Match
 from ..kb.loader import KnowledgeBase
 from ..kb.models import Case
+from .calibration import Calibrated, Calibration, calibrate
+from .calibration import load as load_calibration
 from .explain import explain
 from .gains import MatchGain, breakdowns, gain_rank, match_gain, mean_steps, step_windows
 from .ranking import merge_findings
@@ -115,6 +117,7 @@ def findings_and_plans(inf: Inference, kb: KnowledgeBase, platform: str) -> tupl
     unlinked = unlinked_ranks(whatif)
     findings: list[Finding] = []
     plans: dict[str, list[MatchGain]] = {}
+    cal = load_calibration()
     for case_id, matches in by_case.items():
         case = cases[case_id]
         gains = [g for g in (match_gain(case, m, step_means, whatif, bds, windows) for m in matches) if g is not None]
@@ -139,14 +142,10 @@ def findings_and_plans(inf: Inference, kb: KnowledgeBase, platform: str) -> tupl
         ranks = sorted({v.get("rank") for m in matches for v in m.bindings.values() if v.get("rank") is not None})
         steps = sorted({v.get("step") for m in matches for v in m.bindings.values() if v.get("step") is not None})
         best = max(matches, key=lambda m: sum(1 for v in m.bindings.values() if v.get("step") is None))
-        confidence = 0.8 if case.status == "stable" else 0.6
-        if len(steps) >= 3 or any(v.get("step") is None for v in best.bindings.values()):
-            confidence += 0.1
         unlinked_note = ""
         if case.category == "cpu" and ranks and all(r in unlinked for r in ranks):
             # the host's side of the device rests on launch calls this trace does not have
             severity = "low" if SEVERITY_ORDER[severity] > SEVERITY_ORDER["low"] else severity
-            confidence -= 0.3
             unlinked_note = (" Lowered: the trace links none of its kernels to a launch call (runtime events missing "
                              "or correlations pointing nowhere), so the host's share of the device's time is a guess.")
         typical = min(gains, key=lambda g: abs(g.per_step(g.hi) - rm_hi))
@@ -156,6 +155,13 @@ def findings_and_plans(inf: Inference, kb: KnowledgeBase, platform: str) -> tupl
                       f"{t / 1e3:,.2f} ms step; median over {len(gains)} match(es)).{window} {typical.note} Removable: "
                       f"{rm_lo / 1e3:,.2f}-{rm_hi / 1e3:,.2f} ms per step; speedup = step time / (step time - removed)."
                       f"{unlinked_note}")  # fmt: skip
+        speedup = Speedup(low=round(sp_lo, 3), high=round(sp_hi, 3))
+        removable = Removable(low=round(rm_lo, 3), high=round(rm_hi, 3))
+        stated = None if tuple(case.gain.fraction) == (0.0, 0.0) else calibrate(speedup.low, speedup.high, cal)
+        if stated is not None:
+            speedup, removable = calibrated(speedup, removable, t, stated)
+            assumption += stated.note
+        confidence, runs = measured_confidence(case.id, cal)
         findings.append(
             Finding(
                 case_id=case.id,
@@ -163,12 +169,13 @@ def findings_and_plans(inf: Inference, kb: KnowledgeBase, platform: str) -> tupl
                 category=case.category,
                 cause=case.cause,
                 severity=severity,
-                confidence=round(min(confidence, 0.95), 2),
-                expected_speedup=Speedup(low=round(sp_lo, 3), high=round(sp_hi, 3)),
+                confidence=confidence,
+                confidence_runs=runs,
+                expected_speedup=speedup,
                 time_at_stake_us=round(r, 3),
                 step_time_us=round(t, 3),
                 share_of_step_ratio=round(min(share, 1.0), 4),
-                removable_us=Removable(low=round(rm_lo, 3), high=round(rm_hi, 3)),
+                removable_us=removable,
                 replayed=case.gain.whatif is not None and "Replayed" in typical.note,
                 profile_only=tuple(case.gain.fraction) == (0.0, 0.0),
                 whatif_target=case.gain.whatif.target if case.gain.whatif is not None else None,
@@ -189,6 +196,24 @@ def findings_and_plans(inf: Inference, kb: KnowledgeBase, platform: str) -> tupl
     return findings, plans
 
 
+def calibrated(model: Speedup, rm: Removable, step_us: float, c: Calibrated) -> tuple[Speedup, Removable]:
+    """The stated range (calibration.calibrate) with the model's own kept beside it; the
+    removable time follows the stated speedups (removed = T - T / S), so the two never disagree."""
+    sp = Speedup(low=round(c.low, 3), high=round(c.high, 3), coverage=c.coverage, point=round(c.point, 3),
+                 model_low=model.low, model_high=model.high)  # fmt: skip
+    out = Removable(low=round(step_us - step_us / c.low, 3), high=round(step_us - step_us / c.high, 3),
+                    model_low=rm.low, model_high=rm.high)  # fmt: skip
+    return sp, out
+
+
+def measured_confidence(case_id: str, cal: Calibration | None) -> tuple[float | None, int]:
+    """The case's hit rate on the zoo and the number of runs it was measured on (None, 0: not yet measured)."""
+    if cal is None:
+        return None, 0
+    hits, runs = cal.case_record(case_id)
+    return (round(hits / runs, 2) if runs else None), runs
+
+
 def component_of(case: Case) -> str | None:
     """The breakdown component (compute / communication / host / data / idle) the finding sits in."""
     if case.category == "io":
@@ -200,4 +225,4 @@ def component_of(case: Case) -> str | None:
     return "host" if case.category == "cpu" else None
 
 
-__all__ = ["HIGH_SHARE", "MEDIUM_SHARE", "MIN_REPORTED_SPEEDUP", "component_of", "considered", "evidence_of", "findings_and_plans", "findings_from", "explains_of", "severity_of", "whatif_targets"]
+__all__ = ["HIGH_SHARE", "MEDIUM_SHARE", "calibrated", "measured_confidence", "MIN_REPORTED_SPEEDUP", "component_of", "considered", "evidence_of", "findings_and_plans", "findings_from", "explains_of", "severity_of", "whatif_targets"]

@@ -16,10 +16,13 @@ NEST_SHARE = 0.5  # a finding whose critical-path time is at least this much ano
 def _rank_key(f: Finding) -> tuple:
     """By severity (a case that names what bounds the step rather than a defect caps its own with
     max_severity, so an umbrella symptom never leads a defect's finding), then by what the fix
-    removes from the step (the midpoint of the speedup range), then confidence."""
-    removable = f.removable_us.low + f.removable_us.high if f.removable_us is not None else 0.0
-    return (-SEVERITY_ORDER[f.severity], -(f.expected_speedup.low + f.expected_speedup.high), -removable,
-            -f.confidence, f.case_id)  # fmt: skip
+    removes from the step (the midpoint of the model's speedup range: the calibrated one is a
+    monotone map of the model's point, and ranking on the model keeps ties the model breaks), then
+    the case's measured hit rate."""
+    rm, sp = f.removable_us, f.expected_speedup
+    removable = (rm.model_low or rm.low) + (rm.model_high or rm.high) if rm is not None else 0.0
+    mid = (sp.model_low or sp.low) + (sp.model_high or sp.high)
+    return (-SEVERITY_ORDER[f.severity], -mid, -removable, -(f.confidence or 0.0), f.case_id)
 
 
 def _shared_time(a: Finding, b: Finding, whatif: dict) -> float:

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-REPORT_SCHEMA_VERSION = "1"
+REPORT_SCHEMA_VERSION = "2"  # 2: confidence is a measured hit rate or None; ranges calibrated
 
 Severity = Literal["high", "medium", "low"]
 SEVERITY_ORDER = {"low": 0, "medium": 1, "high": 2}
@@ -16,11 +16,21 @@ SEVERITY_ORDER = {"low": 0, "medium": 1, "high": 2}
 class Speedup(BaseModel):
     low: float = Field(description="step-time speedup at the low end of the fix's effect (1.0 = none)")
     high: float = Field(description="step-time speedup at the high end")
+    coverage: float | None = Field(
+        default=None, ge=0, le=1,
+        description="the share of measured speedups ranges made this way are calibrated to hold (docs/advice.md"
+                    "#calibrated-ranges); None: the model's own range, not calibrated")
+    point: float | None = Field(default=None, description="the most likely speedup (calibrated ranges only): the model "
+                                "range's middle moved by the zoo's median error")
+    model_low: float | None = Field(default=None, description="the gain model's own low end, before calibration")
+    model_high: float | None = Field(default=None, description="the gain model's own high end, before calibration")
 
 
 class Removable(BaseModel):
     low: float = Field(description="µs of analysed step time the fix removes at the low end")
     high: float = Field(description="µs at the high end")
+    model_low: float | None = Field(default=None, description="the gain model's own low end, before calibration")
+    model_high: float | None = Field(default=None, description="the gain model's own high end, before calibration")
 
 
 class EvidenceItem(BaseModel):
@@ -46,7 +56,11 @@ class Finding(BaseModel):
     category: Literal["parallel", "io", "cpu", "computation", "communication"]
     cause: str
     severity: Severity
-    confidence: float = Field(ge=0, le=1)
+    confidence: float | None = Field(
+        default=None, ge=0, le=1,
+        description="the case's measured hit rate: the share of the recorded zoo runs on which its stated range held "
+                    "the measured speedup (leave-one-out); None: not yet measured")
+    confidence_runs: int = Field(default=0, ge=0, description="how many zoo runs the confidence was measured on")
     expected_speedup: Speedup
     time_at_stake_us: float = Field(description="per-step time the optimization can remove (before its fraction)")
     step_time_us: float = Field(description="the step time that time is part of")

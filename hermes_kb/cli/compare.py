@@ -29,6 +29,9 @@ def diff(
     top: Annotated[int, typer.Option("--top", min=1, help="operators and kernels listed per direction")] = 10,
     config: Annotated[Path | None, typer.Option("--config", help="YAML of threshold overrides per rule/case id")] = None,
     engine: Annotated[EngineOpt, typer.Option("--engine", help="rules engine")] = EngineOpt.auto,
+    record: Annotated[bool, typer.Option("--record", help="append each resolved finding's prediction and measured "
+                                         "speedup to your ledger ($HERMES_LEDGER, else ~/.local/share/hermes/"
+                                         "ledger.jsonl; read by `hermes kb calibration --ledger`)")] = False,  # fmt: skip
 ) -> None:
     """Compare two runs: step time by component, what changed most, and whether predicted gains were met.
 
@@ -50,9 +53,19 @@ def diff(
             b = advised([after], config=config, engine=engine.value, st=st, notes=notes)
             st.stage("comparing")
             result = diff_advised(a, b, top=top)
+        if record:
+            from ..core.version import __version__
+            from ..tools import ledger
+
+            lines = ledger.entries_of(result, __version__, str(before), str(after))
+            where = ledger.append(lines) if lines else ledger.ledger_path()
+            recorded = (f"hermes: ledger: {len(lines)} resolved finding(s) recorded in {where}" if lines else
+                        "hermes: ledger: no resolved finding with a measured speedup, nothing recorded")  # fmt: skip
     except HermesError as err:
         fail(err)
     warn(notes)
+    if record:
+        typer.echo(recorded, err=True)
     if fmt is DiffFormat.term:
         if output is not None:
             from rich.console import Console

@@ -205,3 +205,61 @@ def coverage_command(kb, *, fmt: str = "table", shared: Path | None = None, no_s
 
 
 __all__ = ["kb_app"]
+
+
+@kb_app.command("calibration")
+def kb_calibration(
+    fmt: Annotated[Format, typer.Option("--format", "-f", case_sensitive=False)] = Format.table,
+    ledger: Annotated[bool, typer.Option("--ledger", help="also read your ledger (`hermes diff --record`; "
+                                         "$HERMES_LEDGER, else ~/.local/share/hermes/ledger.jsonl)")] = False,  # fmt: skip
+) -> None:
+    """How often each case's stated range held the measured speedup: on the recorded zoo (leave-one-out) and in your ledger."""
+    from ..advisor import calibration
+    from ..tools import ledger as ledger_mod
+
+    cal = calibration._load(str(calibration.CALIBRATION_FILE))
+    if cal is None:
+        fail(HermesError(f"{calibration.CALIBRATION_FILE}: no calibration shipped with this install"))
+    mine: dict[str, tuple[int, int]] = {}
+    if ledger:
+        try:
+            entries, notes = ledger_mod.read()
+        except HermesError as err:
+            fail(err)
+        warn(notes)
+        mine = ledger_mod.case_records(entries)
+    zoo: dict[str, tuple[int, int]] = {}
+    for s, (lo, _, hi) in cal.leave_one_out():
+        h, n = zoo.get(s.case_id, (0, 0))
+        zoo[s.case_id] = (h + int(lo <= s.measured <= hi), n + 1)
+    held, mg = cal.held(), cal.margins()
+    cases = sorted(set(zoo) | set(mine))
+    rows = [{"case_id": c, "zoo_hits": zoo.get(c, (0, 0))[0], "zoo_runs": zoo.get(c, (0, 0))[1],
+             "ledger_hits": mine.get(c, (0, 0))[0], "ledger_runs": mine.get(c, (0, 0))[1]} for c in cases]  # fmt: skip
+    if fmt is Format.json:
+        typer.echo(json.dumps({"coverage": cal.coverage, "made": cal.made, "leave_one_out": held,
+                               "margins": mg.__dict__ if mg else None, "cases": rows,
+                               "ledger": str(ledger_mod.ledger_path()) if ledger else None}, indent=1))  # fmt: skip
+        return
+    typer.echo(f"Ranges stated as {cal.coverage:.0%} ranges, calibrated on {len(cal.scenarios)} zoo runs ({cal.made}).")
+    typer.echo(f"Leave-one-out: the measured speedup inside the stated range on {held['hits']} of {held['n']} runs "
+               f"({held['under']} above it, {held['over']} below); median |log(point / measured)| "
+               f"{held['median_log_error']:.0%}.")  # fmt: skip
+    if mg is not None:
+        typer.echo(f"Margins (logit of the removed share): low end {-mg.below:+.2f}, high end {mg.above:+.2f}, point {mg.shift:+.2f}.")
+    if ledger:
+        typer.echo(f"Your ledger: {ledger_mod.ledger_path()} ({sum(n for _, n in mine.values())} run(s) of one resolved finding).")
+    from rich.table import Table
+    from rich.text import Text
+
+    from ..render.inspect_table import console_for_output
+
+    table = Table(title="per case: hits / runs", title_justify="left")
+    for col in ("case", "zoo", *(("ledger",) if ledger else ())):
+        table.add_column(col)
+    for r in rows:
+        cells = [r["case_id"], f"{r['zoo_hits']}/{r['zoo_runs']}" if r["zoo_runs"] else "-"]
+        if ledger:
+            cells.append(f"{r['ledger_hits']}/{r['ledger_runs']}" if r["ledger_runs"] else "-")
+        table.add_row(*(Text(c) for c in cells))
+    console_for_output().print(table)

@@ -14,7 +14,8 @@ from markupsafe import Markup
 from ..advisor.report import Report
 from ..core.sanitize import clean_model
 from . import svg
-from .report import PHASE_NAMES, TEMPLATES, WORDS, MIN_SPEEDUP, breakdown_rows, phase_rows, shown_findings, worth_little
+from .report import (PHASE_NAMES, TEMPLATES, WORDS, MIN_SPEEDUP, breakdown_rows, confidence_text, coverage_text, phase_rows,
+                     shown_findings, worth_little)
 
 MAX_HTML_RANKS = 64  # breakdown bars
 MAX_SERIES_RANKS = 8  # lines in the step-time chart
@@ -41,7 +42,8 @@ def env() -> jinja2.Environment:
     )
     e.filters.update(ms=svg.ms, pct=_pct, num=_num, f1=lambda v: f"{svg.num(v):,.1f}", f2=lambda v: f"{svg.num(v):,.2f}",
                      basename=lambda p: PurePath(str(p)).name or str(p),
-                     is_url=lambda s: bool(re.fullmatch(r"https?://[^\s<>\"'`\\]+", str(s))))  # fmt: skip
+                     is_url=lambda s: bool(re.fullmatch(r"https?://[^\s<>\"'`\\]+", str(s))),
+                     confidence=confidence_text, covered=coverage_text)  # fmt: skip
     e.globals.update(bar=svg.hbar)
     return e
 

@@ -107,8 +107,20 @@ def template_env(terminal: bool) -> jinja2.Environment:
     env.filters.update(md=_md, code=_code, cell=_cell, fence=_fence, url=_url, ms=_ms, num=_term_num if terminal else _num,
                        label=_label, t=_t, tcode=lambda s: rich_escape(clean_line(s).rstrip()), lines=lambda s: str(s).strip("\n").split("\n"),
                        color=lambda s: _COLORS.get(s, "white"), pct=lambda v: f"{float(v):.0%}",
-                       f1=lambda v: f"{float(v):,.1f}", bar=_bar)  # fmt: skip
+                       f1=lambda v: f"{float(v):,.1f}", bar=_bar, confidence=confidence_text, covered=coverage_text)  # fmt: skip
     return env
+
+
+def confidence_text(f) -> str:
+    """A finding's confidence as the measured hit rate it is, or that it was never measured."""
+    if f.confidence is None:
+        return "confidence not yet measured"
+    return f"confidence {f.confidence:.0%} (its range held on {round(f.confidence * f.confidence_runs)} of {f.confidence_runs} zoo run(s))"
+
+
+def coverage_text(sp) -> str:
+    """' (80% range)' for a calibrated range, '' for the model's own."""
+    return f" ({sp.coverage:.0%} range)" if getattr(sp, "coverage", None) else ""
 
 
 # findings whose best case is below this speedup are left out of the terminal and Markdown
