@@ -127,6 +127,9 @@ def report_problems(report) -> list[str]:
         s = f.expected_speedup
         if not (1.0 - 1e-9 <= s.low <= s.high <= MAX_SPEEDUP):
             bad.append(f"{f.case_id} speedup {s.low}-{s.high}")
+        bad += _calibration_problems(s, f.case_id)
+        if f.confidence is not None and not (0.0 <= f.confidence <= 1.0 and f.confidence_runs >= 1):
+            bad.append(f"{f.case_id} confidence {f.confidence} over {f.confidence_runs} runs")
     for s in report.summary:
         m = s.mean_step_us
         if m is not None and not (0 < m <= MAX_STEP_US):
@@ -136,9 +139,20 @@ def report_problems(report) -> list[str]:
                 bad.append(f"rank {s.rank} {k} = {v}")
     if report.combined is not None:
         for p, v in _numbers(report.combined.model_dump(mode="python")):
-            if "speedup" in p and isinstance(v, (int, float)) and not (1.0 - 1e-9 <= v <= MAX_SPEEDUP):
+            if ("speedup" in p and not p.endswith("coverage") and isinstance(v, (int, float))
+                    and not (1.0 - 1e-9 <= v <= MAX_SPEEDUP)):  # fmt: skip
                 bad.append(f"combined{p} = {v}")
+        bad += _calibration_problems(report.combined.expected_speedup, "combined")
     return bad
+
+
+def _calibration_problems(s, who: str) -> list[str]:
+    """A calibrated range holds its point, states a coverage in (0, 1], and keeps the model's range."""
+    if s.coverage is None:
+        return []
+    ok = (0.0 < s.coverage <= 1.0 and s.model_low is not None and s.model_high is not None
+          and (s.point is None or s.low - 1e-3 <= s.point <= s.high + 1e-3))  # fmt: skip
+    return [] if ok else [f"{who} calibrated speedup {s}"]
 
 
 def answer(report) -> list:

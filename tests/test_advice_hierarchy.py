@@ -43,7 +43,14 @@ def test_kineto_2021_dataloader_first_with_the_measured_speedup_in_range():
     conv = [f for f in r.findings if f.case_id == "C-COMP-002"]
     assert not conv or conv[0].expected_speedup.high < 1.1
     twin = hermes_kb.advise(SHARED / NW4)
-    assert not [f for f in twin.findings if f.severity == "high"]
+    # the twin's data problem is gone: no data, host or communication finding is high. Fusion
+    # (C-COMP-003) is high there since its what-if set holds the calls of the operators that launch
+    # the element-wise kernels (issue 33): ResNet-50's batch norms, ReLUs and adds in eager mode, 22%
+    # of the step with their launching operators, which torch.compile fuses (its own fix timed 1.40x
+    # on the GPU zoo's convolution twins)
+    high = {f.case_id for f in twin.findings if f.severity == "high"}
+    assert high <= {"C-COMP-003"}
+    assert not [f for f in twin.findings if f.category == "io" and f.severity != "low"]
 
 
 @needs_shared()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -122,7 +123,7 @@ def test_calibration_off_gives_the_model_and_no_confidence():
 
 def test_text_reports_say_coverage_and_confidence():
     r = cli("advise", EXAMPLE, "--format", "md")
-    assert "(80% range)" in r.stdout
+    assert re.search(r"x\*\* \(most likely \d+\.\d\dx, 80% range\)", r.stdout)
     assert "confidence not yet measured" in r.stdout or "zoo run(s)" in r.stdout
 
 
@@ -182,3 +183,9 @@ def test_calibrate_single_small_point():
     assert got.low == pytest.approx(1.15) and got.high == pytest.approx(1.15)
     # nine runs leave eight when one is left out: too few for an 80% margin, and the note says so
     assert "too few zoo runs" in calibrate(1.1, 1.2, _cal([("C-X", 1.1, 1.2, 1.15)] * 9)).note
+
+
+def test_a_device_kind_the_zoo_never_ran_on_is_said():
+    c = Calibration(0.8, tuple(Scored(f"s{i}", "C-X", p, 1.1, 1.2, 1.15) for i, p in enumerate(["cpu", "gpu"] * 5)))
+    assert "No NPU run is in the calibration (it holds CPU and GPU runs)" in calibrate(1.1, 1.2, c, "npu").note
+    assert "No " not in calibrate(1.1, 1.2, c, "gpu").note.split("range;")[-1]

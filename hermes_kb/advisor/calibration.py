@@ -178,7 +178,7 @@ class Calibrated:
     note: str
 
 
-def calibrate(model_low: float, model_high: float, cal: Calibration | None) -> Calibrated | None:
+def calibrate(model_low: float, model_high: float, cal: Calibration | None, platform: str | None = None) -> Calibrated | None:
     """The stated range around the model's, and the sentence the assumption gets."""
     if cal is None:
         return None
@@ -190,14 +190,19 @@ def calibrate(model_low: float, model_high: float, cal: Calibration | None) -> C
     lo, point, hi = r
     note = (f" Calibrated (docs/advice.md#calibrated-ranges): the model's range is {model_low:.2f}-{model_high:.2f}x; "
             f"on the {len(cal.scenarios)} recorded zoo runs (CPU and GPU) its ends, widened by what the measured "
-            f"speedups missed them by, give {lo:.2f}-{hi:.2f}x, most likely {point:.2f}x, stated as a {cal.coverage:.0%} "
+            f"speedups missed them by, give {lo:.2f}-{hi:.2f}x, most likely {point:.2f}x, stated as an {cal.coverage:.0%} "
             f"range; ")  # fmt: skip
     note += (f"leave-one-out, ranges made this way held the measured speedup on {held['hits']} of {held['n']} runs "
              f"({held['under']} above the range, {held['over']} below)." if held["n"] else
              "too few zoo runs to check it leave-one-out.")  # fmt: skip
     if hi / lo > 10:
-        note += (" The range is wider than 10x because the model's own range is wide (the cause holds most of the step, "
-                 "and what remains after the fix, which the trace measures only roughly, decides the speedup).")  # fmt: skip
+        note += (" The range is wider than 10x: at its high end the fix leaves little of the step, and what little "
+                 "remains decides the speedup; the trace measures that remainder only roughly, and on the zoo the fixes "
+                 "often removed more of the step than the model said.")  # fmt: skip
+    platforms = sorted({s.platform for s in cal.scenarios})
+    if platform and platforms and platform not in platforms:
+        note += (f" No {platform.upper()} run is in the calibration (it holds {' and '.join(p.upper() for p in platforms)} "
+                 f"runs): the coverage is not measured on this kind of device.")  # fmt: skip
     return Calibrated(lo, point, hi, cal.coverage, note)
 
 

@@ -157,7 +157,7 @@ def findings_and_plans(inf: Inference, kb: KnowledgeBase, platform: str) -> tupl
                       f"{unlinked_note}")  # fmt: skip
         speedup = Speedup(low=round(sp_lo, 3), high=round(sp_hi, 3))
         removable = Removable(low=round(rm_lo, 3), high=round(rm_hi, 3))
-        stated = None if tuple(case.gain.fraction) == (0.0, 0.0) else calibrate(speedup.low, speedup.high, cal)
+        stated = None if tuple(case.gain.fraction) == (0.0, 0.0) else calibrate(speedup.low, speedup.high, cal, platform)
         if stated is not None:
             speedup, removable = calibrated(speedup, removable, t, stated)
             assumption += stated.note

@@ -254,7 +254,7 @@ def kb_calibration(
 
     from ..render.inspect_table import console_for_output
 
-    table = Table(title="per case: hits / runs", title_justify="left")
+    table = Table(title="hits / runs per case", title_justify="left")
     for col in ("case", "zoo", *(("ledger",) if ledger else ())):
         table.add_column(col)
     for r in rows:

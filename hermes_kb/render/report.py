@@ -119,8 +119,11 @@ def confidence_text(f) -> str:
 
 
 def coverage_text(sp) -> str:
-    """' (80% range)' for a calibrated range, '' for the model's own."""
-    return f" ({sp.coverage:.0%} range)" if getattr(sp, "coverage", None) else ""
+    """' (most likely 1.30x, 80% range)' for a calibrated range, '' for the model's own."""
+    if not getattr(sp, "coverage", None):
+        return ""
+    point = f"most likely {sp.point:.2f}x, " if sp.point else ""
+    return f" ({point}{sp.coverage:.0%} range)"
 
 
 # findings whose best case is below this speedup are left out of the terminal and Markdown
