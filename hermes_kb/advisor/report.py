@@ -118,8 +118,13 @@ class Unexplained(BaseModel):
     category: str
     component: str = Field(description="breakdown component (compute, communication, host, data, idle) or the rule's")
     ranks: list[int]
-    share_ratio: float = Field(description="median share of the step on those ranks")
-    time_us: float | None = Field(default=None, description="median time per step (µs)")
+    share_ratio: float = Field(description="median share of the step on those ranks, as the rule measured it")
+    time_us: float | None = Field(default=None, description="median time per step (µs), as the rule measured it")
+    breakdown_ratio: float | None = Field(
+        default=None, description="the component's share of the step in the step breakdown, median over those ranks: "
+                                  "the number the report's breakdown shows (the rule's share can count time that "
+                                  "overlaps other components)")
+    breakdown_us: float | None = Field(default=None, description="that share as time per step (µs)")
     summary: str
     candidates: list[Candidate] = Field(default_factory=list)
     tell_apart: list[str] = Field(default_factory=list, description="measurements that tell the candidates apart")

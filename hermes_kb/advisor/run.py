@@ -27,6 +27,7 @@ from .knowledge import knowledge_base
 from .on_demand import replay_needed
 from .report import Inputs, KbInfo, RankSummary, Report, SampleInfo
 from .summary import phases_summary, rank_summaries
+from .unexplained import tie_to_breakdown
 
 Stage = Callable[[str], None]
 
@@ -76,7 +77,7 @@ def _advised(a: Analysed, kb: KnowledgeBase, *, engine: EngineName, top: int | N
         summary=summary,
         findings=findings,
         combined=combined,
-        unexplained=left,
+        unexplained=tie_to_breakdown(left, summary),
         kb=KbInfo(rules=len(kb.active_rules()), cases=len(kb.active_cases()), engine=inf.engine),
         warnings=a.warnings,
     )
