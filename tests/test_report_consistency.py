@@ -62,3 +62,20 @@ def test_unexplained_shares_are_the_breakdowns(path: Path):
     kinds = {s["rank"]: s.get("device_kind") for s in rep["summary"]}
     assert not [u for u in rep["unexplained"] if u["rule_id"] == "R-COMP-002"
                 and any(kinds.get(r) not in (None, "cpu") for r in u["ranks"])]  # fmt: skip
+
+
+def test_headline_names_the_slowest_rank():
+    # DLRM, 8 ranks of one step each: rank 1 is the slowest (its mean step the largest in the
+    # summary) and held by communication; the headline used to name rank 0's component
+    path = SHARED / "param" / "dlrm_kineto_8rank"
+    if not path.exists():
+        pytest.skip("../shared/data is absent (outside the project's CI)")
+    rep = json.loads(cli("advise", path, "--format", "json"))
+    slow = max(rep["summary"], key=lambda s: (s["mean_step_us"], -s["rank"]))
+    words = {"communication": "exposed communication", "host": "the host", "compute": "the device's computation",
+             "data": "waiting for the DataLoader", "idle": "idle time"}  # fmt: skip
+    term, md = cli("advise", path), cli("advise", path, "--format", "md")
+    for text in (term, md):
+        flat = " ".join(text.split())
+        assert f"on rank {slow['rank']}, the slowest ({slow['mean_step_us'] / 1e3:.1f} ms)" in flat
+        assert f"The step is held by {words[slow['critical_component']]}" in flat

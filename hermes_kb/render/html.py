@@ -14,7 +14,7 @@ from markupsafe import Markup
 from ..advisor.report import Report
 from ..core.sanitize import clean_model
 from . import svg
-from .report import (PHASE_NAMES, TEMPLATES, WORDS, MIN_SPEEDUP, breakdown_rows, confidence_text, coverage_text, phase_rows,
+from .report import (PHASE_NAMES, TEMPLATES, WORDS, MIN_SPEEDUP, breakdown_rows, confidence_text, coverage_text, phase_rows, slowest_row,
                      shown_findings, worth_little)
 
 MAX_HTML_RANKS = 64  # breakdown bars
@@ -43,7 +43,7 @@ def env() -> jinja2.Environment:
     e.filters.update(ms=svg.ms, pct=_pct, num=_num, f1=lambda v: f"{svg.num(v):,.1f}", f2=lambda v: f"{svg.num(v):,.2f}",
                      basename=lambda p: PurePath(str(p)).name or str(p),
                      is_url=lambda s: bool(re.fullmatch(r"https?://[^\s<>\"'`\\]+", str(s))),
-                     confidence=confidence_text, covered=coverage_text)  # fmt: skip
+                     confidence=confidence_text, covered=coverage_text, slowest=slowest_row)  # fmt: skip
     e.globals.update(bar=svg.hbar)
     return e
 

@@ -107,8 +107,15 @@ def template_env(terminal: bool) -> jinja2.Environment:
     env.filters.update(md=_md, code=_code, cell=_cell, fence=_fence, url=_url, ms=_ms, num=_term_num if terminal else _num,
                        label=_label, t=_t, tcode=lambda s: rich_escape(clean_line(s).rstrip()), lines=lambda s: str(s).strip("\n").split("\n"),
                        color=lambda s: _COLORS.get(s, "white"), pct=lambda v: f"{float(v):.0%}",
-                       f1=lambda v: f"{float(v):,.1f}", bar=_bar, confidence=confidence_text, covered=coverage_text)  # fmt: skip
+                       f1=lambda v: f"{float(v):,.1f}", bar=_bar, confidence=confidence_text, covered=coverage_text,
+                       slowest=slowest_row)  # fmt: skip
     return env
+
+
+def slowest_row(rows: list[dict]) -> dict:
+    """The rank whose mean step is longest: in a job whose ranks synchronise, it sets the pace, so
+    the headline names what holds the step there (ties: the lowest rank)."""
+    return max(rows, key=lambda r: (r["mean_ms"], -r["rank"]))
 
 
 def confidence_text(f) -> str:
