@@ -79,3 +79,19 @@ def test_headline_names_the_slowest_rank():
         flat = " ".join(text.split())
         assert f"on rank {slow['rank']}, the slowest ({slow['mean_step_us'] / 1e3:.1f} ms)" in flat
         assert f"The step is held by {words[slow['critical_component']]}" in flat
+
+
+def test_findings_come_before_the_per_rank_detail(tmp_path):
+    # issue 36, item 3: after the breakdown and its headline, the findings; the program phases,
+    # step chart, slow ranks and critical-path tables follow them in every text format
+    run = ZOO / "sync_logging" / "bad"
+    term, md = cli("advise", run), cli("advise", run, "--format", "md")
+    assert term.index("Where the step goes") < term.index("1. The training step") < term.index("Where the program spends it")
+    assert md.index("## Where the step goes") < md.index("## Findings") < md.index("## Where the program spends it")
+    out = tmp_path / "r.html"
+    cli("advise", run, "--format", "html", "-o", out)
+    html = out.read_text()
+    ids = [html.index(f'<h2 id="{i}"') for i in ("breakdown", "findings", "program", "steps")]
+    assert ids == sorted(ids)
+    if '<h2 id="critical-path"' in html:
+        assert html.index('<h2 id="findings"') < html.index('<h2 id="critical-path"')
