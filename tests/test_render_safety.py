@@ -158,3 +158,29 @@ def test_markdown_names_never_become_links_or_strikethrough(name):
     html = MarkdownIt("commonmark").enable("strikethrough").render(e)
     assert "<a " not in html and "<s>" not in html and "<del>" not in html
     assert re.sub(r"<[^>]+>", "", html).strip() == name
+
+
+def test_a_file_name_that_is_not_utf8_is_shown_escaped_in_every_format(tmp_path):
+    # issue 36, item 5: a trace named with a byte that is not UTF-8 crashed the HTML writer and
+    # made the JSON output invalid UTF-8
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import EXAMPLE
+
+    d = os.fsencode(tmp_path / "runs")
+    os.makedirs(d)
+    shutil.copy(EXAMPLE, os.path.join(d, b"tr\xffce.json.gz"))
+    for fmt in ("json", "html", "md", "term"):
+        out = tmp_path / f"r.{fmt}"
+        r = subprocess.run([sys.executable, "-m", "hermes_kb.cli", "advise", os.fsdecode(d), "--format", fmt, "-o", str(out)],
+                           capture_output=True, text=True, check=False)  # fmt: skip
+        assert r.returncode == 0, r.stderr[-2000:]
+        text = out.read_bytes().decode("utf-8")  # valid UTF-8 throughout
+        if fmt == "json":
+            assert json.loads(text)["inputs"]["sources"][0].endswith("tr\udcffce.json.gz")  # the same value, escaped
+        elif fmt == "html":  # the page names its inputs; the text reports only count them
+            assert "tr\\xffce.json.gz" in text

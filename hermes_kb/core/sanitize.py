@@ -21,7 +21,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_CONTROL = "\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u061c\u202a-\u202e\u2066-\u2069"
+# ... and lone surrogates: a file name whose bytes are not UTF-8 reaches Python as U+DC80-U+DCFF
+# (surrogateescape), which no UTF-8 output can hold
+_CONTROL = "\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u061c\u202a-\u202e\u2066-\u2069\ud800-\udfff"
 _UNSAFE = re.compile(f"[{_CONTROL}]")
 _UNSAFE_LINE = re.compile(f"[{_CONTROL}\n\t]")
 # fields of the report that are prose (several lines are legitimate there); everything else is a
@@ -34,6 +36,8 @@ def _visible(m: re.Match) -> str:
     if c == "\n" or c == "\t":
         return " "
     o = ord(c)
+    if 0xDC80 <= o <= 0xDCFF:  # the byte surrogateescape stood in for
+        return f"\\x{o - 0xDC00:02x}"
     return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}"
 
 
@@ -66,13 +70,14 @@ def clean_model(model):
     return type(model).model_validate(clean_data(model.model_dump(mode="python")))
 
 
-_C1 = re.compile("[\x7f-\x9f\u2028\u2029\u200e\u200f\u061c\u202a-\u202e\u2066-\u2069]")
+_C1 = re.compile("[\x7f-\x9f\u2028\u2029\u200e\u200f\u061c\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
 def json_terminal_safe(text: str) -> str:
     """JSON text (from ``json.dumps(..., ensure_ascii=False)``) with the characters json leaves raw
     but a terminal may act on (DEL, C1 controls, bidi overrides) written as \\uXXXX escapes: the
-    same JSON value, safe to print. (json already escapes C0 controls.)"""
+    same JSON value, safe to print, and lone surrogates (a file name whose bytes are not UTF-8) as
+    escapes too, so the text encodes as UTF-8. (json already escapes C0 controls.)"""
     return _C1.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text)
 
 
