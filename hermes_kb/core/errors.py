@@ -14,6 +14,7 @@ EXIT_NOT_FOUND = 3  # a path that does not exist
 EXIT_BAD_INPUT = 4  # a file that cannot be read as a trace (or a bad rule/case file)
 EXIT_NO_TRACES = 5  # nothing loadable: a directory without traces, or every rank damaged
 EXIT_CONFIG = 6  # the user's --config file is unreadable or wrong (names the file)
+EXIT_ENVIRONMENT = 7  # the machine cannot do what was asked: an extra not installed, a scheduler not reachable
 
 
 class HermesError(Exception):

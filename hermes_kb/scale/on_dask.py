@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..analysis.replay_store import SpilledReplay
-from ..core.errors import HermesError
+from ..core.errors import EXIT_ENVIRONMENT, HermesError
 from ..facts.store import SpilledFacts
 from .stream import Progress, StreamedJob, analyse_rank_file, gather, settle
 
@@ -20,7 +20,10 @@ CONNECT_TIMEOUT_S = 30
 
 
 class DaskUnavailableError(HermesError):
-    """``--dask`` without the extra installed, or a scheduler that cannot be reached."""
+    """``--dask`` without the extra installed, or a scheduler that cannot be reached: the
+    environment, not the input (exit code 7, not 4: the traces may be fine)."""
+
+    exit_code = EXIT_ENVIRONMENT
 
 
 def _client(address: str):
