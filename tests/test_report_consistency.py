@@ -95,3 +95,14 @@ def test_findings_come_before_the_per_rank_detail(tmp_path):
     assert ids == sorted(ids)
     if '<h2 id="critical-path"' in html:
         assert html.index('<h2 id="findings"') < html.index('<h2 id="critical-path"')
+
+
+def test_step_chart_axis_has_round_ticks_and_the_spike_legend_says_what_it_knows():
+    # issue 36, item 3: the axis read 79.9 / 59.9 / 39.9 and the legend "spike: spike"
+    from hermes_kb.render.svg import nice_ticks, spike_label
+
+    assert nice_ticks(83.1) == ([0.0, 25.0, 50.0, 75.0, 100.0], 0)
+    assert nice_ticks(16.6) == ([0, 5, 10, 15, 20], 0)
+    assert nice_ticks(0.37) == ([0.0, 0.1, 0.2, 0.3, 0.4], 1)
+    assert nice_ticks(0.0012) == ([0.0, 0.0005, 0.001, 0.0015], 4)
+    assert spike_label("spike") == "spike (cause not measured)" and spike_label("gc") == "spike: GC"

@@ -93,7 +93,7 @@ def render_html(report: Report) -> str:
         "phase_legend": svg.legend([(n, c) for _, n, c in svg.PHASES] + [("the largest (outlined)", "#000")]),
         "step_chart": svg.step_chart([(s.rank, s.series) for s in drawn]) if drawn else None,
         "step_legend": svg.legend([(f"rank {s.rank}", svg.RANK_COLORS[i % len(svg.RANK_COLORS)]) for i, s in enumerate(drawn)]
-                                  + [(f"spike: {c}", svg.SPIKE_COLORS.get(c, "#333")) for c in causes]),  # fmt: skip
+                                  + [(svg.spike_label(c), svg.SPIKE_COLORS.get(c, "#333")) for c in causes]),  # fmt: skip
         "series_note": series_note,
         "spikes": spikes,
         "path_ranks": path_ranks[:MAX_PATH_RANKS],

@@ -36,6 +36,14 @@ RANK_COLORS = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948",
 SPIKE_COLORS = {"gc": "#b07aa1", "checkpoint": "#e15759", "marked_event": "#edc948", "data_wait": "#59a14f",
                 "unexplained": "#333333", "spike": "#e15759"}  # fmt: skip
 FONT = "font-family:system-ui,sans-serif;font-size:11px"
+# a trace's fluctuation analysis flags a step without a cause ("spike"); the monitor names one
+_SPIKE_WORDS = {"spike": "spike (cause not measured)", "gc": "spike: GC", "checkpoint": "spike: checkpoint",
+                "marked_event": "spike: marked event", "data_wait": "spike: data wait",
+                "unexplained": "spike: unexplained"}  # fmt: skip
+
+
+def spike_label(cause: str) -> str:
+    return _SPIKE_WORDS.get(cause, f"spike: {cause}")
 
 
 def num(v, default: float = 0.0) -> float:
@@ -118,6 +126,20 @@ def legend(items: Sequence[tuple[str, str]]) -> Markup:
     return Markup("".join(f'<span class="key"><i style="background:{escape(c)}"></i>{escape(n)}</span>' for n, c in items))
 
 
+def nice_ticks(top: float, n: int = 4) -> tuple[list[float], int]:
+    """Round tick values from 0 to at least ``top`` (about ``n`` steps of 1, 2, 2.5 or 5 x 10^k,
+    so an axis reads 0/20/40/60/80, not 0/19.97/39.9/...) and the decimals their labels need."""
+    if not top > 0 or not math.isfinite(top):
+        return [0.0, 1.0], 0
+    raw = top / n
+    mag = 10 ** math.floor(math.log10(raw))
+    m = next(m for m in (1, 2, 2.5, 5, 10) if m * mag >= raw - 1e-12)
+    step = m * mag
+    k = math.ceil(top / step - 1e-9)
+    dec = next(d for d in range(8) if abs(round(step, d) - step) <= 1e-9 * step)
+    return [round(i * step, dec) for i in range(k + 1)], dec
+
+
 def step_chart(series: Sequence[tuple[int, Sequence]], width: int = 860, height: int = 240) -> Markup:
     """Step time over the run, one line per rank (rank, points), spikes marked by cause."""
     left, right, top, bottom = 60, 44, 10, 34
@@ -128,17 +150,18 @@ def step_chart(series: Sequence[tuple[int, Sequence]], width: int = 860, height:
     lo_step = min(p.step for p in pts_all)
     hi_step = max(p.step for p in pts_all)
     span = max(hi_step - lo_step, 1)
-    top_ms = max(num(p.duration_us) for p in pts_all) / 1e3 * 1.08 or 1.0
+    ticks, dec = nice_ticks(max(num(p.duration_us) for p in pts_all) / 1e3 * 1.04 or 1.0)
+    top_ms = ticks[-1]
 
     def xy(p) -> tuple[float, float]:
         x = left + pw * ((p.step - lo_step) / span if hi_step > lo_step else 0.5)
         return x, top + ph * (1 - num(p.duration_us) / 1e3 / top_ms)
 
     body: list[str] = []
-    for frac in (0, 0.25, 0.5, 0.75, 1.0):
-        y = top + ph * (1 - frac)
+    for v in ticks:
+        y = top + ph * (1 - v / top_ms)
         body.append(f'<line x1="{left}" y1="{f(y)}" x2="{left + pw}" y2="{f(y)}" stroke="#e4e4e4"/>')
-        body.append(_text(left - 6, y + 4, f"{top_ms * frac:,.1f}", "end", 'fill="#555"'))
+        body.append(_text(left - 6, y + 4, f"{v:,.{dec}f}", "end", 'fill="#555"'))
     body.append(_text(14, top + ph / 2, "ms", "middle", 'fill="#555"'))
     for frac in (0, 0.5, 1.0):
         step = lo_step + span * frac if hi_step > lo_step else lo_step
