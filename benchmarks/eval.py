@@ -178,16 +178,15 @@ def score_scenario(d: Path, inputs=variant_input) -> Outcome:
 
 def model_range(f: dict) -> tuple[float, float]:
     """A finding's range from the gain model itself, before calibration."""
-    sp = f["expected_speedup"]
-    return (sp["model_low"] if sp.get("model_low") is not None else sp["low"],
-            sp["model_high"] if sp.get("model_high") is not None else sp["high"])  # fmt: skip
+    from hermes_kb.advisor.report import Speedup, model_ends
+
+    return model_ends(Speedup.model_validate(f["expected_speedup"]))
 
 
-@functools.lru_cache(maxsize=1)
 def shipped_calibration():
     from hermes_kb.advisor import calibration
 
-    return calibration.load()
+    return calibration.load()  # cached by the module
 
 
 def leave_one_out_range(name: str, model: tuple[float, float] | None) -> tuple[float, float, float] | None:

@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import eval as zoo  # noqa: E402  (benchmarks/eval.py: the zoo's inputs and labels)
+from hermes_kb.advisor.report import Removable, Speedup, model_ends  # noqa: E402
 
 
 @dataclass
@@ -98,14 +99,11 @@ def decompose(d: Path) -> Decomposition | None:
     tb, tf = _mean_step(zoo.trace_only_input(d, "bad")), _mean_step(zoo.trace_only_input(d, "fixed"))
     if not tb or not tf:
         return None
-    rm, sp = hit["removable_us"], hit["expected_speedup"]
-
-    def model(d: dict, end: str) -> float:  # the gain model's own numbers, before calibration
-        return d[f"model_{end}"] if d.get(f"model_{end}") is not None else d[end]
-
+    # the gain model's own numbers, before calibration
+    rm = model_ends(Removable.model_validate(hit["removable_us"]))
+    sp = model_ends(Speedup.model_validate(hit["expected_speedup"]))
     return Decomposition(d.name, bool(label.get("gpu")), hit["case_id"], hit["step_time_us"], hit["time_at_stake_us"],
-                         (model(rm, "low") + model(rm, "high")) / 2, tb, tf, (model(sp, "low"), model(sp, "high")),
-                         measured)  # fmt: skip
+                         sum(rm) / 2, tb, tf, sp, measured)  # fmt: skip
 
 
 def render(rows: list[Decomposition]) -> list[str]:

@@ -247,7 +247,8 @@ def node_amounts(g: Graph, s: WhatIfSet, n_kernels: int) -> np.ndarray:
     dev = dev[dev < n]
     r[dev] = g.end[dev] - g.start[dev]
     if s.launches and len(dev):
-        r[launching_host(g, dev)] = (g.end - g.start)[launching_host(g, dev)]
+        host = launching_host(g, dev)
+        r[host] = g.end[host] - g.start[host]
     return np.clip(r, 0.0, None)
 
 
@@ -266,8 +267,7 @@ def launching_host(g: Graph, dev: np.ndarray) -> np.ndarray:
     in_set[dev - nS] = True
     ours, other = np.unique(inst_of[in_set[linked]]), np.unique(inst_of[~in_set[linked]])
     pure = np.setdiff1d(ours, other)
-    host = np.flatnonzero(np.isin(g.inst[:nS], pure) & ~g.is_gap[:nS])
-    return host
+    return np.flatnonzero(np.isin(g.inst[:nS], pure) & ~g.is_gap[:nS])
 
 
 @dataclass

@@ -102,7 +102,15 @@ class Calibration:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def margins(self, leave_out: str | None = None) -> Margins | None:
-        rows = [s for s in self.scenarios if s.name != leave_out]
+        if leave_out is None:
+            return self._margins_all
+        return self._margins_of([s for s in self.scenarios if s.name != leave_out])
+
+    @functools.cached_property
+    def _margins_all(self) -> Margins | None:
+        return self._margins_of(list(self.scenarios))
+
+    def _margins_of(self, rows: list[Scored]) -> Margins | None:
         lo, hi = kth_largest([s.below for s in rows], self.coverage), kth_largest([s.above for s in rows], self.coverage)
         if lo is None or hi is None:
             return None
@@ -120,29 +128,50 @@ class Calibration:
         lo, hi = min(lo, hi), max(lo, hi)
         return max(lo, 1.0), min(max(point, lo), hi), hi
 
+    # the leave-one-out record is computed once per calibration (a report asks it for every finding)
+    @functools.cached_property
+    def _leave_one_out(self) -> tuple[tuple[Scored, tuple[float, float, float]], ...]:
+        return tuple((s, r) for s in self.scenarios if (r := self.range_of(s.model_low, s.model_high, leave_out=s.name)))
+
     def leave_one_out(self) -> list[tuple[Scored, tuple[float, float, float]]]:
         """Each scenario with the range the others give it."""
-        return [(s, r) for s in self.scenarios if (r := self.range_of(s.model_low, s.model_high, leave_out=s.name))]
+        return list(self._leave_one_out)
 
     def held(self) -> dict[str, Any]:
         """Leave-one-out: how many measured speedups the ranges held, how the misses fell, and the
         median error of the point."""
-        rows = self.leave_one_out()
-        hits = sum(1 for s, (lo, _, hi) in rows if lo <= s.measured <= hi)
+        return dict(self._held)
+
+    @functools.cached_property
+    def _held(self) -> dict[str, Any]:
+        rows = self._leave_one_out
+        hits = sum(1 for s, r in rows if _inside(s, r))
         under = sum(1 for s, (_, _, hi) in rows if s.measured > hi)
         err = [abs(math.log(p / s.measured)) for s, (_, p, _) in rows]
         return {"n": len(rows), "hits": hits, "under": under, "over": len(rows) - hits - under,
                 "median_log_error": round(statistics.median(err), 4) if err else None}  # fmt: skip
 
+    @functools.cached_property
+    def case_records(self) -> dict[str, tuple[int, int]]:
+        """Per case: (hits, runs) of its calibrated ranges on the zoo, leave-one-out."""
+        out: dict[str, tuple[int, int]] = {}
+        for s, r in self._leave_one_out:
+            h, n = out.get(s.case_id, (0, 0))
+            out[s.case_id] = (h + int(_inside(s, r)), n + 1)
+        return out
+
     def case_record(self, case_id: str) -> tuple[int, int]:
         """(hits, runs) of the case's calibrated ranges on the zoo, leave-one-out."""
-        rows = [(s, r) for s, r in self.leave_one_out() if s.case_id == case_id]
-        return sum(1 for s, (lo, _, hi) in rows if lo <= s.measured <= hi), len(rows)
+        return self.case_records.get(case_id, (0, 0))
 
     def to_json(self) -> dict[str, Any]:
         return {"coverage": self.coverage, "made": self.made, **self.extra,
                 "scenarios": [{"name": s.name, "case_id": s.case_id, "platform": s.platform, "model_low": s.model_low,
                                "model_high": s.model_high, "measured": round(s.measured, 6)} for s in self.scenarios]}  # fmt: skip
+
+
+def _inside(s: Scored, r: tuple[float, float, float]) -> bool:
+    return r[0] <= s.measured <= r[2]
 
 
 def from_json(data: dict[str, Any]) -> Calibration:

@@ -3,28 +3,32 @@ fixes' combined gain, and the bottlenecks no finding explains."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..kb.matches import Inference
 from ..kb.loader import KnowledgeBase
 from .combined import combined_gain
 from .findings import explains_of, findings_and_plans
 from .gains import breakdowns
 from .ranking import merge_findings
-from .report import CombinedGain, Finding, Unexplained
+from .report import CombinedGain, Finding, RankSummary, Unexplained
 from .unexplained import unexplained
 from .whatif_index import whatif_index
 
 
 def diagnose(inf: Inference, kb: KnowledgeBase, platform: str, replay: dict, *, rank: int | None = None,
-             top: int | None = None) -> tuple[list[Finding], CombinedGain | None, list[Unexplained]]:  # fmt: skip
+             top: int | None = None, summary: Sequence[RankSummary] = ()
+             ) -> tuple[list[Finding], CombinedGain | None, list[Unexplained]]:  # fmt: skip
     """Findings ranked, nested where they claim the same time, filtered to a rank and cut to the
-    first ``top``; the gain of the first fixes together; the bottlenecks no finding explains."""
+    first ``top``; the gain of the first fixes together; the bottlenecks no finding explains, each
+    with its component's share as ``summary`` (the report's breakdown rows) gives it."""
     findings, plans = findings_and_plans(inf, kb, platform)
     findings = merge_findings(findings, whatif_index(inf, kb), explains_of(kb))
     if rank is not None:
         findings = [f for f in findings if not f.ranks or rank in f.ranks]
         plans = {k: [g for g in v if g.rank in (rank, None)] for k, v in plans.items()}
     combined = combined_gain(findings, plans, replay, breakdowns(inf.facts))
-    left = unexplained(inf, kb, findings, platform)
+    left = unexplained(inf, kb, findings, platform, summary)
     if rank is not None:
         left = [u for u in left if not u.ranks or rank in u.ranks]
     if top is not None:

@@ -157,7 +157,8 @@ def findings_and_plans(inf: Inference, kb: KnowledgeBase, platform: str) -> tupl
                       f"{unlinked_note}")  # fmt: skip
         speedup = Speedup(low=round(sp_lo, 3), high=round(sp_hi, 3))
         removable = Removable(low=round(rm_lo, 3), high=round(rm_hi, 3))
-        stated = None if tuple(case.gain.fraction) == (0.0, 0.0) else calibrate(speedup.low, speedup.high, cal, platform)
+        profile_only = tuple(case.gain.fraction) == (0.0, 0.0)  # about the profile itself: nothing to calibrate
+        stated = None if profile_only else calibrate(speedup.low, speedup.high, cal, platform)
         if stated is not None:
             speedup, removable = calibrated(speedup, removable, t, stated)
             assumption += stated.note
@@ -177,7 +178,7 @@ def findings_and_plans(inf: Inference, kb: KnowledgeBase, platform: str) -> tupl
                 share_of_step_ratio=round(min(share, 1.0), 4),
                 removable_us=removable,
                 replayed=case.gain.whatif is not None and "Replayed" in typical.note,
-                profile_only=tuple(case.gain.fraction) == (0.0, 0.0),
+                profile_only=profile_only,
                 whatif_target=case.gain.whatif.target if case.gain.whatif is not None else None,
                 component=component_of(case),
                 assumption=assumption,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..kb.matches import Inference  # noqa: F401
-from .report import SEVERITY_ORDER, Finding
+from .report import SEVERITY_ORDER, Finding, model_ends
 
 
 def _evidence_key(f: Finding) -> tuple:
@@ -19,10 +19,9 @@ def _rank_key(f: Finding) -> tuple:
     removes from the step (the midpoint of the model's speedup range: the calibrated one is a
     monotone map of the model's point, and ranking on the model keeps ties the model breaks), then
     the case's measured hit rate."""
-    rm, sp = f.removable_us, f.expected_speedup
-    removable = (rm.model_low or rm.low) + (rm.model_high or rm.high) if rm is not None else 0.0
-    mid = (sp.model_low or sp.low) + (sp.model_high or sp.high)
-    return (-SEVERITY_ORDER[f.severity], -mid, -removable, -(f.confidence or 0.0), f.case_id)
+    removable = sum(model_ends(f.removable_us)) if f.removable_us is not None else 0.0
+    return (-SEVERITY_ORDER[f.severity], -sum(model_ends(f.expected_speedup)), -removable, -(f.confidence or 0.0),
+            f.case_id)  # fmt: skip
 
 
 def _shared_time(a: Finding, b: Finding, whatif: dict) -> float:

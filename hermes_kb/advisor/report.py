@@ -33,6 +33,12 @@ class Removable(BaseModel):
     model_high: float | None = Field(default=None, description="the gain model's own high end, before calibration")
 
 
+def model_ends(r: Speedup | Removable) -> tuple[float, float]:
+    """The gain model's own (low, high) of a stated range: its model_* fields when the range was
+    calibrated, else the range itself."""
+    return (r.model_low if r.model_low is not None else r.low, r.model_high if r.model_high is not None else r.high)
+
+
 class EvidenceItem(BaseModel):
     fact: str = Field(description="fact kind")
     scope: str = Field(description="rank / step the fact is about")

@@ -27,7 +27,6 @@ from .knowledge import knowledge_base
 from .on_demand import replay_needed
 from .report import Inputs, KbInfo, RankSummary, Report, SampleInfo
 from .summary import phases_summary, rank_summaries
-from .unexplained import tie_to_breakdown
 
 Stage = Callable[[str], None]
 
@@ -69,15 +68,15 @@ def _advised(a: Analysed, kb: KnowledgeBase, *, engine: EngineName, top: int | N
     inf = infer(kb, a.facts, engine)
     stage("findings and gains")
     facts = replay_needed(inf, a.facts, a.replay, whatif_targets(inf, kb, a.platform))
-    findings, combined, left = diagnose(inf, kb, a.platform, a.replay, rank=rank, top=top)
     summary = a.summary if rank is None else [s for s in a.summary if s.rank == rank]
+    findings, combined, left = diagnose(inf, kb, a.platform, a.replay, rank=rank, top=top, summary=summary)
     report = Report(
         hermes_version=__version__,
         inputs=a.inputs,
         summary=summary,
         findings=findings,
         combined=combined,
-        unexplained=tie_to_breakdown(left, summary),
+        unexplained=left,
         kb=KbInfo(rules=len(kb.active_rules()), cases=len(kb.active_cases()), engine=inf.engine),
         warnings=a.warnings,
     )

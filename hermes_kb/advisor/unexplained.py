@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 from ..kb.conditions import compare, compile_patterns, evaluate, leaves, resolve_operand
@@ -14,7 +15,8 @@ from ..kb.matches import Inference
 from ..kb.loader import KnowledgeBase
 from ..kb.models import Case, Rule
 from .findings import MIN_REPORTED_SPEEDUP
-from .report import Candidate, Finding, Unexplained
+from ..facts.breakdown import HOST_PARTS, TOP_COMPONENTS
+from .report import Candidate, Finding, RankSummary, Unexplained
 
 MAX_CANDIDATES = 4
 # the step-breakdown rules emit these components; a finding of the same component on the rank
@@ -112,7 +114,8 @@ def why_not(kb: KnowledgeBase, case: Case, facts: list[dict[str, Any]], rank: in
     return met, "its conditions hold on their own, but not together on one rank"
 
 
-def unexplained(inf: Inference, kb: KnowledgeBase, findings: list[Finding], platform: str) -> list[Unexplained]:
+def unexplained(inf: Inference, kb: KnowledgeBase, findings: list[Finding], platform: str,
+                summary: Sequence[RankSummary] = ()) -> list[Unexplained]:  # fmt: skip
     """One entry per breakdown component that holds bottlenecks no shown finding explains: the
     step-level rule's share when it fired (the hierarchy's first level), the specific rules'
     otherwise; candidates and measurements of every rule involved, side by side."""
@@ -155,61 +158,51 @@ def unexplained(inf: Inference, kb: KnowledgeBase, findings: list[Finding], plat
         times = [b["time_us"] / (1 if step else max(1, steps_of[b.get("rank")]))
                  for _, b in lead if isinstance(b.get("time_us"), (int, float))]  # fmt: skip
         head = _SUMMARY.get(comp) if step else f"{lead[0][0].title}."
+        title = head.rstrip(".")
         where, tell = program_note(mine)
-        share = statistics.median(b.get("share_ratio", 0.0) for _, b in lead)
+        share = round(statistics.median(b.get("share_ratio", 0.0) for _, b in lead), 4)
+        time_us = round(statistics.median(times), 3) if times else None
+        # the component's number is the breakdown's, as the report prints it (one number per
+        # component and rank); a rule that measured another share says so and names its measure
+        bd_ratio, bd_us = breakdown_share([s for s in summary if not ranks or s.rank in ranks], comp)
+        if bd_ratio is not None and abs(share - bd_ratio) > SAME_SHARE:
+            rid = lead[0][0].id
+            head += (f" {rid} measured {share:.0%} of the step"
+                     + (f" ({time_us / 1e3:,.2f} ms per step)" if time_us else "")
+                     + f" by its own definition (hermes kb show {rid}), which can count time the breakdown gives to "
+                     f"another component or measure other steps; the breakdown's {bd_ratio:.0%} gives each moment of "
+                     f"the step to one component only.")  # fmt: skip
         out.append(Unexplained(
-            rule_id=lead[0][0].id, title=head.rstrip("."), category=lead[0][0].emit.category, component=comp,
+            rule_id=lead[0][0].id, title=title, category=lead[0][0].emit.category, component=comp,
             ranks=ranks,
-            share_ratio=round(share, 4),
-            time_us=round(statistics.median(times), 3) if times else None,
+            share_ratio=share,
+            time_us=time_us,
+            breakdown_ratio=round(bd_ratio, 4) if bd_ratio is not None else None,
+            breakdown_us=round(bd_us, 3) if bd_us is not None else None,
             summary=f"{head} No case of the knowledge base explains it on this trace (rules fired: "
                     f"{', '.join(involved)}); the closest cases are below, each with the first condition it misses."
                     + where,
             candidates=[Candidate(case_id=c.id, title=c.title, why_not=text) for _, text, c in scored[:MAX_CANDIDATES]],
             tell_apart=list(dict.fromkeys([*(t for r in {r.id: r for r, _ in items}.values() for t in r.tell_apart), *tell])),
         ))  # fmt: skip
-    return sorted(out, key=lambda u: -u.share_ratio)
+    return sorted(out, key=lambda u: -(u.breakdown_ratio if u.breakdown_ratio is not None else u.share_ratio))
 
 
 SAME_SHARE = 0.02  # a rule's share within this of the breakdown's is the same number, said once
-_HOST_PARTS = ("host_launch", "host_dispatch", "host_python")
 
 
 def breakdown_share(rows: list, comp: str) -> tuple[float | None, float | None]:
     """The component's share of the mean step and its time per step as the report's breakdown
     shows them (RankSummary rows: ``breakdown_us`` over ``mean_step_us``), median over the rows;
     None when no row has a breakdown or the component is not one of its five."""
-    if comp not in ("compute", "communication", "host", "data", "idle"):
+    if comp not in TOP_COMPONENTS:
         return None, None
-    parts = _HOST_PARTS if comp == "host" else (comp,)
+    parts = HOST_PARTS if comp == "host" else (comp,)
     got = [(sum(float((s.breakdown_us or {}).get(f"{p}_us", 0.0)) for p in parts), float(s.mean_step_us))
            for s in rows if s.breakdown_us and s.mean_step_us]  # fmt: skip
     if not got:
         return None, None
     return statistics.median(t / m for t, m in got), statistics.median(t for t, _ in got)
-
-
-def tie_to_breakdown(items: list[Unexplained], summary: list) -> list[Unexplained]:
-    """Each entry with its component's share as the breakdown shows it (one number per component
-    and rank in the whole report); where the rule measured a different share, its summary says so
-    and names the rule's own measure. Ordered by the breakdown's share."""
-    out = []
-    for u in items:
-        rows = [s for s in summary if not u.ranks or s.rank in u.ranks]
-        ratio, t = breakdown_share(rows, u.component)
-        if ratio is None:
-            out.append(u)
-            continue
-        text = u.summary
-        if abs(u.share_ratio - ratio) > SAME_SHARE:
-            head, sep, rest = text.partition(" No case of the knowledge base")
-            text = (head + f" {u.rule_id} measured {u.share_ratio:.0%} of the step"
-                    + (f" ({u.time_us / 1e3:,.2f} ms per step)" if u.time_us else "")
-                    + f" by its own definition (hermes kb show {u.rule_id}), which can count time the breakdown gives to "
-                    f"another component or measure other steps; the breakdown's {ratio:.0%} gives each moment of the "
-                    f"step to one component only." + sep + rest)  # fmt: skip
-        out.append(u.model_copy(update={"breakdown_ratio": round(ratio, 4), "breakdown_us": round(t, 3), "summary": text}))
-    return sorted(out, key=lambda u: -(u.breakdown_ratio if u.breakdown_ratio is not None else u.share_ratio))
 
 
 def _why(kb: KnowledgeBase, case: Case, facts: list[dict[str, Any]], rank: int | None,

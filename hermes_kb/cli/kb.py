@@ -228,10 +228,7 @@ def kb_calibration(
             fail(err)
         warn(notes)
         mine = ledger_mod.case_records(entries)
-    zoo: dict[str, tuple[int, int]] = {}
-    for s, (lo, _, hi) in cal.leave_one_out():
-        h, n = zoo.get(s.case_id, (0, 0))
-        zoo[s.case_id] = (h + int(lo <= s.measured <= hi), n + 1)
+    zoo = cal.case_records
     held, mg = cal.held(), cal.margins()
     cases = sorted(set(zoo) | set(mine))
     rows = [{"case_id": c, "zoo_hits": zoo.get(c, (0, 0))[0], "zoo_runs": zoo.get(c, (0, 0))[1],

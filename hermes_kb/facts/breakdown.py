@@ -11,6 +11,7 @@ from pydantic import Field
 from .base import Fact, measure, ratio, us
 
 COMPONENTS = ("compute", "communication", "host_launch", "host_dispatch", "host_python", "data", "idle")
+HOST_PARTS = ("host_launch", "host_dispatch", "host_python")  # the host's three parts, as one "host" component
 # the five the step is judged by: the three host parts count as one
 TOP_COMPONENTS = ("compute", "communication", "host", "data", "idle")
 TopComponent = Literal["compute", "communication", "host", "data", "idle"]

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from ..advisor.report import Finding, Report
 from ..core.sanitize import clean, clean_line, clean_model, json_terminal_safe
+from ..facts.breakdown import HOST_PARTS
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
 
@@ -127,7 +128,7 @@ def confidence_text(f) -> str:
 
 def coverage_text(sp) -> str:
     """' (most likely 1.30x, 80% range)' for a calibrated range, '' for the model's own."""
-    if not getattr(sp, "coverage", None):
+    if not sp.coverage:
         return ""
     point = f"most likely {sp.point:.2f}x, " if sp.point else ""
     return f" ({point}{sp.coverage:.0%} range)"
@@ -138,7 +139,7 @@ def coverage_text(sp) -> str:
 from ..advisor.findings import MIN_REPORTED_SPEEDUP as MIN_SPEEDUP  # noqa: E402
 MAX_RANK_ROWS = 16
 _TOP = ("compute", "communication", "host", "data", "idle")
-_HOST = ("host_launch", "host_dispatch", "host_python")
+_HOST = HOST_PARTS
 WORDS = {
     "compute": "the device's computation",
     "communication": "exposed communication (collectives nothing hides)",

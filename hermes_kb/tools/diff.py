@@ -19,10 +19,10 @@ import pandas as pd
 from pydantic import BaseModel, Field
 
 from ..advisor.report import Finding, Removable, Report, Speedup
+from ..facts.breakdown import HOST_PARTS
 
 DIFF_SCHEMA_VERSION = "1"
 COMPONENTS = ("compute", "communication", "host", "data", "idle")
-HOST_PARTS = ("host_launch", "host_dispatch", "host_python")
 
 
 class DiffSide(BaseModel):
