@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -88,7 +89,9 @@ def main() -> None:
         res["advise_over_orjson"] = statistics.median(a / o for a, o in zip(advise_t, orjson_t))
         res["load_over_orjson"] = statistics.median(a / o for a, o in zip(load_t, orjson_t))
 
-    out = subprocess.run([sys.executable, "-c", _KB_CHILD], capture_output=True, text=True, check=True)
+    # cold: the disk cache of the checked KB (kb/cache.py) off, as on a first start
+    out = subprocess.run([sys.executable, "-c", _KB_CHILD], capture_output=True, text=True, check=True,
+                         env={**os.environ, "HERMES_KB_CACHE": "off"})  # fmt: skip
     imp, load_kb_s, compile_s, n_rules, n_cases = out.stdout.split()
     res["kb"] = {"import_s": float(imp), "load_s": float(load_kb_s), "compile_s": float(compile_s),
                  "rules": int(n_rules), "cases": int(n_cases)}  # fmt: skip

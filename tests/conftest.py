@@ -2,9 +2,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# the knowledge-base cache (hermes_kb/kb/cache.py) of this test session, not the user's ~/.cache
+os.environ.setdefault("HERMES_CACHE_DIR", tempfile.mkdtemp(prefix="hermes-test-cache-"))
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"

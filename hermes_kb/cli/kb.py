@@ -74,17 +74,16 @@ def kb_list(fmt: Annotated[Format, typer.Option("--format", "-f", case_sensitive
     if fmt is Format.json:
         typer.echo(json.dumps(rows, indent=1))
         return
-    from rich.table import Table
-    from rich.text import Text
+    from ..core.sanitize import clean_line
 
-    from ..render.inspect_table import console_for_output
-
-    table = Table(title=f"{len(kb.rules)} rules, {len(kb.cases)} cases", title_justify="left")
-    for col in ("id", "status", "category", "cause", "title"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(*(Text(str(r[c] or "")) for c in ("id", "status", "category", "cause", "title")))
-    console_for_output().print(table)
+    cols = ("id", "status", "category", "cause", "title")
+    cells = [[clean_line(str(r[c] or "")) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    # plain aligned columns (as pip list): greppable, no wrapping, and ~0.2 s faster than a rich table
+    lines = [f"{len(kb.rules)} rules, {len(kb.cases)} cases", ""]
+    for row in ([*cols], ["-" * w for w in widths], *cells):
+        lines.append("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+    typer.echo("\n".join(lines))
 
 
 @kb_app.command("show")

@@ -19,11 +19,10 @@ from pydantic import ValidationError
 
 from ..core.errors import ConfigError, HermesError
 from ..core.paths import PACKAGE, shipped_dir
-from ..facts import FACT_TYPES
-from ..facts.whatif import known_target
+from . import cache
 from .conditions import Leaf, Pattern, and_refs, leaves, normalize
 from .models import Case, Rule
-from .templates import check_template
+from .yaml_io import MAX_YAML_BYTES, LazyNodes, YamlLimitError, read_document, safe_yaml
 
 
 class KbError(HermesError):
@@ -122,7 +121,7 @@ def _leaf_mark(nodes, loc: tuple, field: str) -> tuple[int, int] | None:
 
 
 def _where(path: str, nodes, loc: tuple, msg: str, field: str | None = None) -> str:
-    nodes = nodes.get() if isinstance(nodes, _LazyNodes) else nodes
+    nodes = nodes.get() if isinstance(nodes, LazyNodes) else nodes
     line, col = _mark(nodes, loc) if nodes is not None else (1, 1)
     if field is not None and nodes is not None:
         line, col = _leaf_mark(nodes, loc, field) or (line, col)
@@ -149,161 +148,9 @@ def _schema_problems(p: str, nodes, exc: ValidationError) -> list[str]:
     return [_where(p, nodes, _plain(tuple(e["loc"])), e["msg"]) for _, e in best.values()]
 
 
-_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when PyYAML has it: ~14x faster
-MAX_YAML_BYTES = 1 << 20  # a rule, a case or a config file (the largest shipped is ~12 kB)
-MAX_YAML_NODES = 100_000  # nodes after alias expansion (the largest shipped file has ~1,500)
-
-
-class YamlLimitError(Exception):
-    """A YAML file beyond the size limits (``problem`` is the one-line reason)."""
-
-    def __init__(self, problem: str, line: int = 1, column: int = 1):
-        super().__init__(problem)
-        self.problem, self.line, self.column = problem, line, column
-
-
-def _expanded_nodes(root) -> int:
-    """How many nodes the document has once every alias is expanded, counted without expanding
-    (each distinct node once, memoised): a billion-laughs file is refused before anything is
-    built from it. A recursive alias (a node inside itself) counts as unbounded."""
-    memo: dict[int, int] = {}
-    open_: set[int] = set()
-    stack = [(root, False)]
-    while stack:  # post-order walk over distinct nodes (aliases point at an earlier node)
-        node, done = stack.pop()
-        key = id(node)
-        kids = [n for kv in node.value for n in kv] if isinstance(node, yaml.MappingNode) else \
-            list(node.value) if isinstance(node, yaml.SequenceNode) else []  # fmt: skip
-        if done:
-            open_.discard(key)
-            memo[key] = min(1 + sum(memo[id(k)] for k in kids), MAX_YAML_NODES + 1)
-            continue
-        if key in memo:
-            continue
-        if key in open_:
-            return MAX_YAML_NODES + 1  # recursive: infinite once expanded
-        open_.add(key)
-        stack.append((node, True))
-        stack.extend((k, False) for k in kids if id(k) not in memo)
-    return memo.get(id(root), 1)
-
-
-def _tree_nodes(root) -> int:
-    """How many nodes a document without anchors has (nothing shared: a plain walk), stopping
-    just above MAX_YAML_NODES."""
-    n, stack = 0, [root]
-    while stack:
-        node = stack.pop()
-        n += 1
-        if n > MAX_YAML_NODES:
-            break
-        if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                stack.append(k)
-                stack.append(v)
-        elif isinstance(node, yaml.SequenceNode):
-            stack.extend(node.value)
-    return n
-
-
-def _text(path: Path, what: str) -> str:
-    """The file as text: a regular file, at most MAX_YAML_BYTES, UTF-8."""
-    from ..core.limits import read_limited
-
-    try:
-        data = read_limited(path, MAX_YAML_BYTES, what)
-    except HermesError as exc:
-        raise YamlLimitError(exc.message) from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise YamlLimitError(f"not UTF-8 text (byte {data[exc.start:exc.start + 1]!r} at offset {exc.start})", line) from None
-
-
-def _compose(text: str):
-    """The single document's node tree, refused above MAX_YAML_NODES nodes once aliases are
-    expanded. Nothing is constructed yet."""
-    loader = _SAFE_LOADER(text)
-    try:
-        node = loader.get_single_node()
-    finally:
-        loader.dispose()
-    # an alias needs an anchor ("&"): without one no node is shared and a plain count is exact
-    count = _expanded_nodes if "&" in text else _tree_nodes
-    if node is not None and count(node) > MAX_YAML_NODES:
-        mark = node.start_mark
-        raise YamlLimitError(f"more than {MAX_YAML_NODES:,} YAML nodes once aliases are expanded: refused "
-                             "(a billion-laughs file?)", mark.line + 1, mark.column + 1)  # fmt: skip
-    return node
-
-
-def _construct(text: str, node) -> Any:
-    loader = _SAFE_LOADER(text)
-    try:
-        return loader.construct_document(node) if node is not None else None
-    except ValueError as exc:  # an integer of more digits than Python converts (4,300)
-        raise _unreadable_value(exc, node) from None
-    finally:
-        loader.dispose()
-
-
-def _unreadable_value(exc: ValueError, node) -> YamlLimitError:
-    """Where the value the constructor refused is: the first scalar of more than 4,000 characters."""
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if isinstance(n, yaml.ScalarNode) and len(n.value) > 4000:
-            m = n.start_mark
-            return YamlLimitError(f"a value of {len(n.value):,} characters hermes does not read as a number",
-                                  m.line + 1, m.column + 1)  # fmt: skip
-        if isinstance(n, yaml.MappingNode):
-            stack.extend(x for kv in reversed(n.value) for x in reversed(kv))
-        elif isinstance(n, yaml.SequenceNode):
-            stack.extend(reversed(n.value))
-    return YamlLimitError(f"a value hermes cannot read ({str(exc)[:80]})")
-
-
-class _LazyNodes:
-    """A file's node tree, composed only when a problem needs a line and column."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self._node: Any = None
-        self._done = False
-
-    def get(self):
-        if not self._done:
-            self._node, self._done = _compose(self.text), True
-        return self._node
-
-
-def _read(path: Path) -> tuple[Any, Any]:
-    """The document and its node tree (for error positions), parsed with a safe loader, within
-    the size limits (bytes, then nodes after alias expansion) before anything is constructed.
-    A file without anchors and of at most MAX_YAML_NODES characters cannot hold more nodes
-    than that (every node takes at least one character, and without an anchor nothing is
-    shared): it is loaded in one pass and its node tree composed only if a problem needs it."""
-    text = _text(path, "a YAML file")
-    if "&" not in text and len(text) <= MAX_YAML_NODES:
-        loader = _SAFE_LOADER(text)
-        try:
-            return loader.get_single_data(), _LazyNodes(text)
-        except ValueError as exc:
-            raise _unreadable_value(exc, _compose(text)) from None
-        finally:
-            loader.dispose()
-    node = _compose(text)
-    return _construct(text, node), node
-
-
-def safe_yaml(path: Path) -> Any:
-    """A user's YAML file (e.g. ``--config``) under the same limits as the knowledge base's."""
-    text = _text(path, "a YAML file")
-    return _construct(text, _compose(text))
-
-
 def _fields(kind: str) -> set[str] | None:
+    from ..facts import FACT_TYPES  # only when checking: a cached knowledge base needs no fact model
+
     cls = FACT_TYPES.get(kind)
     return None if cls is None else set(cls.model_fields)
 
@@ -402,9 +249,9 @@ def _kb_files(rules_dir: Path, cases_dir: Path) -> list[tuple[Path, type]]:
 
 def load_kb(rules_dir: Path | None = None, cases_dir: Path | None = None,
             overrides: dict[str, dict[str, Any]] | None = None) -> KnowledgeBase:  # fmt: skip
-    """Load and check every rule and case; raise KbError listing every problem found. (No cache
-    on disk: a cached object would have to be unpickled, which runs code from whoever can write
-    the cache directory; the checked KB is kept in memory by the advisor instead.)"""
+    """Load and check every rule and case; raise KbError listing every problem found. A knowledge
+    base that passed its checks is kept on disk as JSON documents (kb/cache.py, never pickled
+    objects) and read back without parsing or checking again while no file changed."""
     d_rules, d_cases = (None, None) if rules_dir and cases_dir else kb_dirs()
     return _load_checked(rules_dir or d_rules, cases_dir or d_cases, overrides)
 
@@ -427,16 +274,79 @@ def find_item_file(item_id: str, rules_dir: Path | None = None, cases_dir: Path 
     return None
 
 
+def _kb_name(path: Path, model: type) -> str:
+    return path.name if model is Rule else f"{path.parent.name}/{path.name}"
+
+
 def _load_checked(rules_dir: Path, cases_dir: Path, overrides) -> KnowledgeBase:
+    files = _kb_files(rules_dir, cases_dir)
+    digest = cache.fingerprint([(_kb_name(f, m), f) for f, m in files], MAX_YAML_BYTES)
+    if digest is not None and (docs := cache.read(digest)) is not None:
+        kb = _from_cache(docs, files, Path(rules_dir), Path(cases_dir), overrides)
+        if kb is not None:
+            return kb
+    docs = []
+    kb = _load_files(files, overrides, docs)
+    if digest is not None:
+        cache.write(digest, docs)
+    return _with_params(kb, overrides)
+
+
+def _from_cache(docs: list[dict[str, Any]], files: list[tuple[Path, type]], rules_dir: Path, cases_dir: Path,
+                overrides) -> KnowledgeBase | None:  # fmt: skip
+    """The knowledge base from documents that passed every check when they were cached; None
+    when one no longer validates (then the files are loaded and checked again)."""
+    kb = KnowledgeBase()
+    names = {_kb_name(f, m) for f, m in files}
+    for doc in docs:
+        if doc["name"] not in names:
+            return None
+        model, base = (Rule, rules_dir) if doc["kind"] == "rule" else (Case, cases_dir)
+        try:
+            item = model.model_validate(doc["data"])
+        except ValidationError:
+            return None
+        (kb.rules if model is Rule else kb.cases).append(Entry(item=item, path=str(base / doc["name"]), nodes=None))
+    return _with_params(kb, overrides)
+
+
+def _with_params(kb: KnowledgeBase, overrides) -> KnowledgeBase:
+    """Each item's parameters in force: its defaults, replaced by the user's valid overrides
+    (ConfigError naming the file and the first bad key otherwise)."""
+    config_problems: list[str] = []
+    for e in (*kb.rules, *kb.cases):
+        item = e.item
+        values = {k: v.default for k, v in item.parameters.items()}
+        for k, v in (overrides or {}).get(item.id, {}).items():
+            if (why := _override_problem(item, k, v)) is not None:
+                config_problems.append(f"{item.id}.{k}: {why}")
+                continue
+            values[k] = v
+        kb.params[item.id] = values
+    ids = set(kb.params)
+    for item_id in overrides or {}:
+        if item_id not in ids:
+            config_problems.append(f"{item_id}: no rule or case has this id (hermes kb list)")
+    if config_problems:  # the user's --config: one line naming the file and the first key
+        more = f" (and {len(config_problems) - 1} more)" if len(config_problems) > 1 else ""
+        raise ConfigError(config_problems[0] + more, _config_name(overrides))
+    return kb
+
+
+def _load_files(files: list[tuple[Path, type]], overrides, docs: list[dict[str, Any]]) -> KnowledgeBase:
+    """Parse and check every file; raise KbError listing every problem. ``docs`` receives each
+    accepted item's document (what the cache keeps)."""
+    from ..facts.whatif import known_target
+    from .templates import check_template
+
     problems: list[str] = []
     kb = KnowledgeBase()
     seen: dict[str, str] = {}
     conditions: dict[str, str] = {}  # what an item matches on -> the item that has it
-    config_problems: list[str] = []
-    for path, model in _kb_files(rules_dir, cases_dir):
+    for path, model in files:
         p = str(path)
         try:
-            data, nodes = _read(path)
+            data, nodes = read_document(path)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark else f"{p}:1:1"
@@ -495,21 +405,9 @@ def _load_checked(rules_dir: Path, cases_dir: Path, overrides) -> KnowledgeBase:
         conditions[same] = f"{item.id} ({p})"
         entry = Entry(item=item, path=p, nodes=None)  # node trees are only needed while checking
         (kb.rules if isinstance(item, Rule) else kb.cases).append(entry)
-        values = {k: v.default for k, v in item.parameters.items()}
-        for k, v in (overrides or {}).get(item.id, {}).items():
-            if (why := _override_problem(item, k, v)) is not None:
-                config_problems.append(f"{item.id}.{k}: {why}")
-                continue
-            values[k] = v
-        kb.params[item.id] = values
-    for item_id in overrides or {}:
-        if item_id not in seen:
-            config_problems.append(f"{item_id}: no rule or case has this id (hermes kb list)")
+        docs.append({"kind": "rule" if model is Rule else "case", "name": _kb_name(path, model), "data": data})
     if problems:
         raise KbError(problems)
-    if config_problems:  # the user's --config: one line naming the file and the first key
-        more = f" (and {len(config_problems) - 1} more)" if len(config_problems) > 1 else ""
-        raise ConfigError(config_problems[0] + more, _config_name(overrides))
     return kb
 
 
