@@ -140,3 +140,26 @@ def test_a_finding_left_out_while_much_is_at_stake_says_why_in_every_text_format
     for text in (render_markdown(report), render_terminal_markup(report), html.unescape(render_html(report))):
         assert "C-IO-003" in text and "the job's CPU work already fills its cores" in text
         assert "39% of the step is at stake, but its fix is rated 1.00x" in text
+
+
+def test_a_finding_left_out_in_a_large_component_says_why_in_every_text_format():
+    # issue 36's criterion: a finding under 1.02x whose component holds at least 20% of the step
+    # says why, even when the cause itself is a small part of that component
+    import html
+
+    from hermes_kb.render.html import render_html
+    from hermes_kb.render.report import render_terminal_markup
+
+    report = hermes_kb.advise(EXAMPLE)
+    first = report.findings[0]
+    s = next(x for x in report.summary if x.rank == first.ranks[0])
+    comp = s.breakdown_us[f"{first.component}_us"] / s.mean_step_us  # the breakdown's own share
+    assert comp >= 0.2
+    small = first.model_copy(update={
+        "expected_speedup": first.expected_speedup.model_copy(update={"low": 1.0, "high": 1.01}),
+        "share_of_step_ratio": 0.05, "assumption": "a model that hit no bound", "profile_only": False})
+    report = report.model_copy(update={"findings": [small]})
+    want = f"{first.component} holds {comp * 100:.0f}% of the step and this cause 5% of it, but its fix is rated 1.00x"
+    for text in (render_markdown(report), render_terminal_markup(report), html.unescape(render_html(report))):
+        assert want in " ".join(text.split()), text[:3000]
+        assert "the time this cause accounts for is 5% of the step" in " ".join(text.split())

@@ -211,14 +211,24 @@ VISIBLE_SHARE = 0.2  # a finding left out while this much of the step is at stak
 _BOUND_RE = re.compile(r"Bound: [^.]*(?:\.\d[^.]*)*\.")
 
 
-def worth_little(report: Report) -> list[tuple[Finding, str]]:
-    """The findings left out (under MIN_SPEEDUP) although their time at stake is at least
-    VISIBLE_SHARE of the step, each with why the fix is rated so low: the bound the gain hit
-    (the CPU budget, the critical path), else what the replay found."""
+def worth_little(report: Report) -> list[tuple[Finding, str, str]]:
+    """The findings left out (under MIN_SPEEDUP) although their time at stake, or their breakdown
+    component on their ranks, is at least VISIBLE_SHARE of the step: each with what is at stake
+    and why its fix is rated so low (the bound the gain hit, the CPU budget, the critical path,
+    or that the cause is a small part of a large component)."""
+    shares = {r["rank"]: r["share"] for r in breakdown_rows(report, None)}
     out = []
     for f in report.findings:
-        if f.expected_speedup.high >= MIN_SPEEDUP or f.profile_only or f.share_of_step_ratio < VISIBLE_SHARE:
+        if f.expected_speedup.high >= MIN_SPEEDUP or f.profile_only:
             continue
+        own = f.share_of_step_ratio
+        comp = max((shares.get(r, {}).get(f.component or "", 0.0) for r in f.ranks), default=0.0)
+        if own < VISIBLE_SHARE and comp < VISIBLE_SHARE:
+            continue
+        if own >= VISIBLE_SHARE:
+            stake = f"{own * 100:.0f}% of the step is at stake"
+        else:
+            stake = f"{f.component} holds {comp * 100:.0f}% of the step and this cause {own * 100:.0f}% of it"
         m = _BOUND_RE.search(f.assumption)
         if m:
             why = m.group(0)
@@ -226,9 +236,12 @@ def worth_little(report: Report) -> list[tuple[Finding, str]]:
                 why = "the job's CPU work already fills its cores, so the step cannot get shorter. " + why
         elif "Replayed" in f.assumption:
             why = "the replay of the rank's dependency graph finds little of this time on the critical path"
+        elif own < VISIBLE_SHARE:
+            why = (f"the time this cause accounts for is {own * 100:.0f}% of the step; the rest of the {f.component} "
+                   "time is not what its fix removes")  # fmt: skip
         else:
             why = "see its assumption in the JSON report"
-        out.append((f, why))
+        out.append((f, stake, why))
     return out
 
 
