@@ -147,3 +147,16 @@ def test_one_line_usage_errors_from_the_installed_command():
                         "'json', 'html', 'markdown' (see hermes advise -h)\n")  # fmt: skip
     bare = subprocess.run([sys.executable, "-m", "hermes_kb.cli"], capture_output=True, text=True)
     assert bare.returncode == 2 and "Usage: hermes [OPTIONS] COMMAND" in bare.stdout and not bare.stderr
+
+
+def test_the_usage_errors_docs_cli_md_shows_are_what_hermes_prints():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs/cli.md").read_text()
+    shown = [x for x in doc.splitlines() if x.startswith("hermes: error:") and "(see hermes" in x]
+    given = {"--format": ["advise", "x", "--format", "bogus"], "--top": ["advise", "x", "--top", "0"],
+             "AFTER": ["diff", "a"], "--bogus": ["advise", "x", "--bogus"]}  # fmt: skip
+    assert len(shown) == len(given)
+    for line in shown:
+        (args,) = [a for key, a in given.items() if f"'{key}'" in line or f": {key} " in line]
+        assert run(*args).stderr.strip() == line
