@@ -42,7 +42,7 @@ def _components(d: DiffResult) -> list:
 def _ctx(d: DiffResult, names: dict = _NAMES) -> dict:
     resolved = [f for f in d.findings if f.status == "resolved"]
     # several findings resolved by one change: the measured speedup is their joint effect, no test
-    # of any one finding's range (tools/diff.py says so in the verdict; no ✓ or ✗ is drawn)
+    # of any one finding's range (tools/diff.py says so in the verdict): no ✓ or ✗ is drawn
     joint = len([f for f in resolved if f.measured_speedup is not None]) > 1
     return {"d": d, "names": names, "components": _components(d), "resolved": resolved, "joint": joint,
             "new": [f for f in d.findings if f.status == "new"],

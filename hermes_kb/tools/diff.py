@@ -288,11 +288,10 @@ def finding_changes(a: Report, b: Report, ranks: list[RankDiff], min_speedup: fl
                                      verdict=f"appeared after the change: {f.expected_speedup.low:.2f}x-"
                                              f"{f.expected_speedup.high:.2f}x"))  # fmt: skip
     resolved = [c for c in out if c.status == "resolved" and c.measured_speedup is not None]
-    if len(resolved) > 1:  # the measured speedup is not this finding's alone: no test of its range
+    if len(resolved) > 1:
         for c in resolved:
-            c.verdict = (f"measured {c.measured_speedup:.2f}x for the {len(resolved)} findings resolved together: their "
-                         f"joint effect (and whatever else changed), not a test of this one's range"
-                         + ("" if c.measured_speedup >= 1.0 else "; the step got slower: the change did more than these fixes"))  # fmt: skip
+            c.verdict += (f" ({len(resolved)} findings resolved together: the measured change is their joint effect, "
+                          f"and whatever else changed)")  # fmt: skip
     order = {"resolved": 0, "new": 1, "unchanged": 2}
     out.sort(key=lambda c: order[c.status])
     return out
