@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -130,11 +132,17 @@ def test_diff_json_is_stable():
     assert render_diff_json(d) == render_diff_json(DiffResult.model_validate_json(render_diff_json(d)))
 
 
-def test_diff_of_monitor_run_dirs():
-    from pathlib import Path
+CHECKPOINT_STALLS = Path(__file__).resolve().parents[1] / "benchmarks/scenarios/recorded/checkpoint_stalls"
 
-    root = Path(__file__).resolve().parents[1] / "benchmarks/scenarios/recorded/checkpoint_stalls"
-    d = diff(root / "bad", root / "fixed")
+
+@pytest.fixture(scope="module")
+def stalls() -> DiffResult:
+    """A recorded zoo pair: two findings resolved by one change, the host's parts all present."""
+    return diff(CHECKPOINT_STALLS / "bad", CHECKPOINT_STALLS / "fixed")
+
+
+def test_diff_of_monitor_run_dirs(stalls):
+    d = stalls
     (r,) = d.ranks
     assert r.before_step_us and r.after_step_us and r.speedup > 1
     assert any(f.status == "resolved" for f in d.findings)
@@ -149,3 +157,67 @@ def test_diff_reports_pairs_same_ranks():
     b.summary.append(a.summary[0].model_copy(update={"rank": 4}))
     d = diff_reports(a, b)
     assert d.ranks == [] and any("only before" in w for w in d.warnings)
+
+
+def _section(text: str, start: str, stop: str) -> list[str]:
+    lines = text.splitlines()
+    i = next(k for k, x in enumerate(lines) if x.startswith(start))
+    return [x for x in lines[i + 1:next(k for k in range(i + 1, len(lines)) if lines[k].startswith(stop))] if x.strip()]
+
+
+def _term(d: DiffResult) -> str:
+    import io
+
+    from rich.console import Console
+
+    from hermes_kb.render.diff import render_diff_terminal
+
+    buf = io.StringIO()
+    Console(file=buf, width=160, color_system=None).print(render_diff_terminal(d))
+    return buf.getvalue()
+
+
+def test_host_parts_are_listed_under_host(stalls):
+    """issue 36, item 6: the launch / dispatch / Python rows came after "idle"."""
+    from hermes_kb.render.diff import render_diff_markdown
+
+    rows = _section(_term(stalls), "By component", "Findings")
+    names = [re.split(r" {2,}", x.strip())[0] for x in rows]
+    assert names == ["compute", "exposed communication", "host", "launch", "dispatch", "Python", "data wait", "idle"], rows
+    assert [len(x) - len(x.lstrip()) for x in rows] == [4, 4, 4, 6, 6, 6, 4, 4], rows  # the parts indented under host
+    md = [x.split(" | ")[0].lstrip("| ") for x in _section(render_diff_markdown(stalls), "| component", "## Findings")[1:]]
+    assert md == ["compute", "exposed communication", "host", "host: launch", "host: dispatch", "host: Python",
+                  "data wait", "idle"]  # fmt: skip
+    assert [c.component for c in stalls.components][-3:] == ["host_launch", "host_dispatch", "host_python"]  # JSON as before
+
+
+def test_a_joint_effect_is_not_judged_as_one_findings_prediction(stalls):
+    """Two findings resolved by one change: the measured speedup is their joint effect, so neither
+    is marked met (✓) or missed (✗) by it alone; the verdict says whose effect it is."""
+    from hermes_kb.render.diff import render_diff_html, render_diff_markdown
+
+    resolved = [f for f in stalls.findings if f.status == "resolved"]
+    assert len(resolved) == 2
+    for f in resolved:
+        assert "2 findings resolved together" in f.verdict and "joint effect" in f.verdict
+    for text, start, stop in ((_term(stalls), "Findings", "Operators"), (render_diff_markdown(stalls), "## Findings", "## Operators")):
+        lines = _section(text, start, stop)
+        assert len([x for x in lines if "joint effect" in x]) == 2, lines
+        assert not [x for x in lines if "✓" in x or "✗" in x], lines
+    assert "✓" not in render_diff_html(stalls) and "✗" not in render_diff_html(stalls)
+    # alone, a resolved finding is judged against its own range
+    one = stalls.model_copy(update={"findings": [resolved[0].model_copy(update={"verdict": "measured 2.82x, inside the predicted"})]})
+    assert "✓" in render_diff_markdown(one)
+
+
+def test_each_table_has_its_own_heading(stalls):
+    """The kernels' heading repeated the operators' '(cpu ops: self time, matched by name and input shapes)'."""
+    from hermes_kb.render.diff import render_diff_markdown
+
+    kernels = [o.model_copy(update={"kind": "kernel", "input_dims": None, "name": f"k{i}"}) for i, o in enumerate(stalls.ops[:2])]
+    d = stalls.model_copy(update={"kernels": kernels})
+    heads = [x for x in _term(d).splitlines() if "changed most" in x]
+    assert len(heads) == 2 and len(set(h.split("(", 1)[1] for h in heads)) == 2, heads
+    assert "input shapes" in heads[0] and "input shapes" not in heads[1], heads
+    md = [x for x in render_diff_markdown(d).splitlines() if x.startswith("## ") and "changed most" in x]
+    assert len(md) == 2 and "input shapes" not in md[1], md

@@ -11,18 +11,17 @@ import typer
 from ..core.errors import EXIT_OK, HermesError
 from ..core.version import __version__
 from . import advise, compare, inputs
-from .common import CONTEXT
+from .style import HermesTyper
 from .kb import kb_app
 from .monitor import monitor_app
 from .schema import schema_app
 
-app = typer.Typer(
+app = HermesTyper(
     name="hermes",
     help="Explain why deep-learning training is slow, from profiler traces.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    context_settings=CONTEXT,
 )
 for command in (advise.advise, compare.diff, compare.annotate, inputs.inspect, inputs.analyze):  # the main job first
     app.command()(command)
@@ -48,7 +47,7 @@ def _root(
 
 def main() -> None:
     try:
-        app()
+        app(prog_name="hermes")  # the name in usage lines and messages, also under python -m
     except HermesError as err:  # a library error that escaped a command's own handling
         from ..core.sanitize import clean_line
 

@@ -15,7 +15,7 @@ import typer
 from ..core.errors import HermesError
 
 
-CONTEXT = {"help_option_names": ["-h", "--help"]}
+from .style import CONTEXT  # -h as well as --help, everywhere
 
 
 class Format(str, Enum):

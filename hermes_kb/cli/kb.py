@@ -11,11 +11,11 @@ from typing import Annotated
 import typer
 
 from ..core.errors import EXIT_FINDINGS, HermesError
-from .common import CONTEXT, EngineOpt, Format, fail, load_paths, run_dir_of, warn
+from .style import HermesTyper
+from .common import EngineOpt, Format, fail, load_paths, run_dir_of, warn
 
 
-kb_app = typer.Typer(help="Check, test and browse the knowledge base (rules/ and cases/).", no_args_is_help=True,
-                     context_settings=CONTEXT)  # fmt: skip
+kb_app = HermesTyper(help="Check, test and browse the knowledge base (rules/ and cases/).", no_args_is_help=True)
 
 
 def kb_or_fail(config: Path | None = None):

@@ -8,11 +8,11 @@ from typing import Annotated
 
 import typer
 
-from .common import CONTEXT, Format, fail, warn
+from .style import HermesTyper
+from .common import Format, fail, warn
 
 
-monitor_app = typer.Typer(help="The always-on training monitor's logs (hermes_kb.monitor).", no_args_is_help=True,
-                          context_settings=CONTEXT)  # fmt: skip
+monitor_app = HermesTyper(help="The always-on training monitor's logs (hermes_kb.monitor).", no_args_is_help=True)
 
 
 @monitor_app.command("profile")

@@ -8,12 +8,12 @@ from typing import Annotated
 
 import typer
 
-from .common import CONTEXT, check_output, fail
+from .style import HermesTyper
+from .common import check_output, fail
 from ..core.errors import HermesError
 
 
-schema_app = typer.Typer(help="JSON Schemas of what hermes reads and writes.", no_args_is_help=True,
-                         context_settings=CONTEXT)  # fmt: skip
+schema_app = HermesTyper(help="JSON Schemas of what hermes reads and writes.", no_args_is_help=True)
 
 
 @schema_app.command("facts")

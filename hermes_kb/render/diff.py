@@ -16,6 +16,8 @@ from .report import template_env, indented
 
 _NAMES = {"compute": "compute", "communication": "exposed communication", "host": "host", "data": "data wait",
           "idle": "idle", "host_launch": "  launch", "host_dispatch": "  dispatch", "host_python": "  Python"}  # fmt: skip
+# a Markdown or HTML cell loses its leading spaces: there the host's parts say whose parts they are
+_CELL_NAMES = {**_NAMES, **{k: f"host: {v.strip()}" for k, v in _NAMES.items() if k.startswith("host_")}}
 
 
 def _signed_ms(us) -> str:
@@ -23,8 +25,26 @@ def _signed_ms(us) -> str:
     return f"{v:+,.2f} ms"
 
 
-def _ctx(d: DiffResult) -> dict:
-    return {"d": d, "names": _NAMES, "resolved": [f for f in d.findings if f.status == "resolved"],
+def _components(d: DiffResult) -> list:
+    """The step's components in reading order: the host's parts right under the host (the JSON
+    lists them after the five components)."""
+    parts = [c for c in d.components if c.component.startswith("host_")]
+    out = []
+    for c in d.components:
+        if c.component.startswith("host_"):
+            continue
+        out.append(c)
+        if c.component == "host":
+            out += parts
+    return out if any(c.component == "host" for c in d.components) else list(d.components)
+
+
+def _ctx(d: DiffResult, names: dict = _NAMES) -> dict:
+    resolved = [f for f in d.findings if f.status == "resolved"]
+    # several findings resolved by one change: the measured speedup is their joint effect, no test
+    # of any one finding's range (tools/diff.py says so in the verdict): no ✓ or ✗ is drawn
+    joint = len([f for f in resolved if f.measured_speedup is not None]) > 1
+    return {"d": d, "names": names, "components": _components(d), "resolved": resolved, "joint": joint,
             "new": [f for f in d.findings if f.status == "new"],
             "unchanged": [f for f in d.findings if f.status == "unchanged"]}  # fmt: skip
 
@@ -36,7 +56,7 @@ def _filters(env):
 
 
 def render_diff_markdown(d: DiffResult) -> str:
-    return _filters(template_env(False)).get_template("diff.md.j2").render(**_ctx(clean_model(d)))
+    return _filters(template_env(False)).get_template("diff.md.j2").render(**_ctx(clean_model(d), _CELL_NAMES))
 
 
 def render_diff_terminal_markup(d: DiffResult) -> str:
@@ -88,7 +108,7 @@ def render_diff_html(d: DiffResult) -> str:
         if rk.before_step_us and rk.after_step_us:
             rows.append(rk)
     return e.get_template("diff.html.j2").render(
-        **_ctx(r), chart=_component_chart(r), legend=svg.legend([("before", "#9fb3c8"), ("after", "#4e79a7")]),
+        **_ctx(r, _CELL_NAMES), chart=_component_chart(r), legend=svg.legend([("before", "#9fb3c8"), ("after", "#4e79a7")]),
         title=f"{PurePath(r.before.sources[0]).name if r.before.sources else 'before'} → "
               f"{PurePath(r.after.sources[0]).name if r.after.sources else 'after'}")  # fmt: skip
 
