@@ -160,3 +160,15 @@ def test_the_usage_errors_docs_cli_md_shows_are_what_hermes_prints():
     for line in shown:
         (args,) = [a for key, a in given.items() if f"'{key}'" in line or f": {key} " in line]
         assert run(*args).stderr.strip() == line
+
+
+@pytest.mark.parametrize("args", [["--help"], ["advise", "--help"], ["kb", "list"]])
+def test_output_into_a_closed_pipe_is_no_traceback(args):
+    """`hermes advise --help | head -1`: the reader goes away; hermes stops quietly (as click does)."""
+    p = subprocess.Popen([sys.executable, "-m", "hermes_kb.cli", *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, bufsize=0)  # fmt: skip
+    p.stdout.read(1)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    p.wait(timeout=60)
+    assert "Traceback" not in err and "Error" not in err, err

@@ -187,10 +187,15 @@ class HermesGroup(_Styled, TyperGroup):
             else:
                 typer.echo(f"hermes: error: {usage_message(err)}", err=True)
             sys.exit(err.exit_code)
-        except (exceptions.Abort, typer.Abort):
+        except _aborts(exceptions):
             typer.echo("hermes: error: aborted", err=True)
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)  # an Exit's code; a command's None is success
+
+
+def _aborts(exceptions) -> tuple[type[BaseException], ...]:
+    """Click's Abort where this click has one (typer 0.29's own click has none: typer.Abort)."""
+    return tuple({getattr(exceptions, "Abort", None), getattr(typer, "Abort", None)} - {None})
 
 
 def _click_exceptions():
