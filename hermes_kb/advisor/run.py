@@ -22,10 +22,10 @@ from ..kb.loader import KnowledgeBase
 from ..trace import TraceBundle, load
 from ..trace.bundle import platform_of
 from .diagnose import diagnose
-from .findings import whatif_targets
+from .findings import evidence_by_rank, whatif_targets
 from .knowledge import knowledge_base
 from .on_demand import replay_needed
-from .report import Inputs, KbInfo, RankSummary, Report, SampleInfo
+from .report import EvidenceItem, Inputs, KbInfo, RankSummary, Report, SampleInfo
 from .summary import phases_summary, rank_summaries
 
 Stage = Callable[[str], None]
@@ -44,6 +44,9 @@ class Advised:
     facts: Sequence[Fact]  # a list, or a streamed job's facts.store.SpilledFacts
     bundle: TraceBundle | None = None
     run: Any = None  # monitor.reader.RunLog for a RUN_DIR
+    # per reported finding's case id, per rank it covers: that rank's own evidence (a finding
+    # shows one rank's; `hermes annotate` writes each rank's into its trace)
+    rank_evidence: dict[str, dict[int, list[EvidenceItem]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -80,7 +83,8 @@ def _advised(a: Analysed, kb: KnowledgeBase, *, engine: EngineName, top: int | N
         kb=KbInfo(rules=len(kb.active_rules()), cases=len(kb.active_cases()), engine=inf.engine),
         warnings=a.warnings,
     )
-    return Advised(report=report, facts=facts, bundle=a.bundle, run=a.run)
+    rank_evidence = evidence_by_rank(inf, kb, a.platform, [f.case_id for f in findings])
+    return Advised(report=report, facts=facts, bundle=a.bundle, run=a.run, rank_evidence=rank_evidence)
 
 
 def _of_bundle(bundle: TraceBundle, facts: Sequence[Fact], replay: Mapping[Any, Any]) -> Analysed:
