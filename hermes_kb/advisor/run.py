@@ -59,6 +59,7 @@ class Analysed:
     inputs: Inputs
     summary: list[RankSummary]
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # informational lines (Report.notes)
     bundle: TraceBundle | None = None
     run: Any = None
 
@@ -82,6 +83,7 @@ def _advised(a: Analysed, kb: KnowledgeBase, *, engine: EngineName, top: int | N
         unexplained=left,
         kb=KbInfo(rules=len(kb.active_rules()), cases=len(kb.active_cases()), engine=inf.engine),
         warnings=a.warnings,
+        notes=a.notes,
     )
     rank_evidence = evidence_by_rank(inf, kb, a.platform, [f.case_id for f in findings])
     return Advised(report=report, facts=facts, bundle=a.bundle, run=a.run, rank_evidence=rank_evidence)
@@ -145,6 +147,7 @@ def advise_run_dir_full(run_dir: str | os.PathLike, *, config=None, engine: Engi
         summary=[RankSummary(steps=[], **s, **phases_summary(captured_phases.get(s["rank"]), s.get("mean_step_us")))
                  for s in run_summary(ra)],  # fmt: skip
         warnings=ra.warnings,
+        notes=ra.notes,
         bundle=ra.bundle,
         run=ra.run,
     )
