@@ -386,3 +386,58 @@ def test_real_traces_run_and_stay_sane(path):
             assert (st[1:] >= en[:-1] - 1e-6).all()  # in time order, no overlap
             f = next(x for x in mine if isinstance(x, CriticalPathStep) and x.step == step)
             assert (en - st).sum() == pytest.approx(f.path_length_us)
+
+
+def test_a_profiler_step_recorded_as_a_cpu_op_is_not_an_operator(tmp_path):
+    # issue 36 item 3: hermes' monitor opens a capture's "ProfilerStep#N" with
+    # torch._C._profiler._RecordFunctionFast (RecordScope::FUNCTION), which Kineto writes as a
+    # cpu_op, not a user_annotation. Read as an op it wrapped every op of the step: the critical
+    # path's top "operators" were ProfilerStep#2..#6 (a monitored run's table led with
+    # ProfilerStep#332) and the steps were inferred (0-4). It is the step's annotation, as
+    # record_function's user_annotation is: the same steps, path and table as the original trace.
+    from conftest import EXAMPLE
+
+    doc = json.loads(gzip.decompress(EXAMPLE.read_bytes()))
+    moved = 0
+    for e in doc["traceEvents"]:
+        if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("cat") == "user_annotation":
+            e["cat"] = "cpu_op"
+            moved += 1
+    assert moved == 5
+    fast = tmp_path / "fast_step.json"
+    fast.write_text(json.dumps(doc))
+    t = hermes_kb.load(fast)[0]
+    assert not t.cpu_ops["name"].astype(str).str.startswith("ProfilerStep#").any()
+    assert sorted(t.annotations.loc[t.annotations["kind"] == "step", "step"].tolist()) == [2, 3, 4, 5, 6]
+    ctx0, facts0 = run(EXAMPLE)
+    ctx1, facts1 = run(fast)
+    assert [w.step for w in ctx1.windows] == [w.step for w in ctx0.windows] == [2, 3, 4, 5, 6]
+    (whole0,) = [f for f in facts0 if isinstance(f, CriticalPath)]
+    (whole1,) = [f for f in facts1 if isinstance(f, CriticalPath)]
+    assert not any(o.name.startswith("ProfilerStep#") for f in facts1 for o in f.top_ops)
+    assert [(o.name, o.category) for o in whole1.top_ops] == [(o.name, o.category) for o in whole0.top_ops]
+    assert whole1.path_length_us == pytest.approx(whole0.path_length_us)
+
+
+def test_monitored_run_critical_path_table_has_no_profiler_step(tmp_path):
+    # the same on a monitored run: a recorded zoo run whose capture's steps are cpu_op spans (as
+    # the monitor's own captures are); the report's critical-path table (summary[].critical_path_ops)
+    from pathlib import Path
+    import shutil
+
+    from hermes_kb.advisor.run import advise_run_dir_full
+    from hermes_kb.render.details import with_details
+
+    src = Path(__file__).resolve().parents[1] / "benchmarks/scenarios/recorded/checkpoint_stalls/bad"
+    run_dir = tmp_path / "run"
+    shutil.copytree(src, run_dir)
+    (cap,) = run_dir.glob("rank0.capture*.json.gz")
+    doc = json.loads(gzip.decompress(cap.read_bytes()))
+    for e in doc["traceEvents"]:
+        if str(e.get("name", "")).startswith("ProfilerStep#"):
+            e["cat"] = "cpu_op"
+    cap.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    got, want = (with_details(a.report, a.facts, a.run).summary[0]
+                 for a in (advise_run_dir_full(run_dir), advise_run_dir_full(src)))  # fmt: skip
+    assert got.critical_path_ops and not any(o.name.startswith("ProfilerStep#") for o in got.critical_path_ops)
+    assert [o.name for o in got.critical_path_ops] == [o.name for o in want.critical_path_ops]

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +22,7 @@ def cli(*args) -> subprocess.CompletedProcess:
 
 
 def events(path) -> tuple[dict, list]:
-    raw = path.read_bytes()
+    raw = Path(path).read_bytes()
     doc = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
     return doc, doc["traceEvents"]
 
@@ -122,3 +123,74 @@ def test_annotate_refuses_a_run_dir(tmp_path):
     run = Path(__file__).resolve().parents[1] / "benchmarks/scenarios/recorded/checkpoint_stalls/bad"
     r = cli("annotate", run, "-o", tmp_path / "x.json.gz")
     assert r.returncode == 2 and "RUN_DIR" in r.stderr
+
+
+def evidence_windows(path) -> dict[str, list[tuple[float, float, str]]]:
+    """The evidence-window events of an annotated file, per finding (case id): (ts, end, scope)."""
+    _, ev = events(path)
+    out: dict[str, list] = defaultdict(list)
+    for e in ev:
+        if e.get("cat") == "hermes" and e.get("ph") == "X" and "fact" in e.get("args", {}):
+            out[e["name"]].append((e["ts"], e["ts"] + e["dur"], e["args"]["scope"]))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def test_every_rank_a_finding_covers_gets_its_own_evidence_windows(tmp_path):
+    """Issue 36 item 8: a finding keeps one rank's evidence; each rank's annotated trace still
+    gets the windows of its own facts. Three ranks: the example, rank r's clock shifted by
+    r * 500 µs, so rank r's windows are rank 0's shifted by 500 r (before: none on ranks 1, 2)."""
+    from hermes_kb.advisor.run import advise_bundle_full
+    from hermes_kb.tools.annotate import annotate_bundle
+
+    doc, _ = events(EXAMPLE)
+    src = tmp_path / "in"
+    src.mkdir()
+    for r in range(3):
+        d = json.loads(json.dumps(doc))
+        d["distributedInfo"] = {"rank": r, "world_size": 3, "backend": "nccl"}
+        for e in d["traceEvents"]:
+            if isinstance(e.get("ts"), int | float):
+                e["ts"] += 500 * r
+        (src / f"rank{r}.json").write_text(json.dumps(d))
+    adv = advise_bundle_full(hermes_kb.load(src))
+    written = {w.rank: w for w in annotate_bundle(adv, tmp_path / "out")}
+    assert sorted(written) == [0, 1, 2]
+    windows = {r: evidence_windows(written[r].path) for r in written}
+    windowed = [f for f in adv.report.findings if any(e.time_ranges_us for e in f.evidence)]
+    assert windowed and all(f.ranks == [0, 1, 2] for f in windowed)
+    for f in windowed:
+        base = windows[0][f.case_id]
+        assert base and all(scope == "rank 0" for *_, scope in base)
+        for r in (1, 2):
+            got = windows[r].get(f.case_id, [])
+            shifted = [x - 500 * r for a, b, _ in got for x in (a, b)]
+            assert shifted == pytest.approx([x for a, b, _ in base for x in (a, b)], abs=0.01)
+            assert all(scope == f"rank {r}" for *_, scope in got)
+    assert written[1].evidence_windows == written[2].evidence_windows == written[0].evidence_windows > 0
+
+
+@needs_shared()
+def test_dlrm_every_rank_of_a_finding_gets_evidence_windows(tmp_path):
+    """Issue 36 item 8 on the 8-rank DLRM job: every finding covers ranks 0-7 (or most of them);
+    before, only ranks 0 and 1 got evidence windows. Now each rank a finding covers gets that
+    finding's windows, scoped to that rank (or to the job), inside that rank's own step."""
+    from hermes_kb.advisor.run import advise_bundle_full
+    from hermes_kb.tools.annotate import annotate_bundle
+
+    src = SHARED / "param/dlrm_kineto_8rank"
+    adv = advise_bundle_full(hermes_kb.load(src))
+    written = {w.rank: w for w in annotate_bundle(adv, tmp_path / "out")}
+    assert sorted(written) == list(range(8))
+    windowed = [f for f in adv.report.findings if any(e.time_ranges_us for e in f.evidence)]
+    assert len(windowed) >= 3
+    assert sum(len(f.ranks) for f in windowed) > 2 * len(windowed)  # findings cover more than two ranks
+    for r, w in written.items():
+        got = evidence_windows(w.path)
+        _, ev = events(w.path)
+        step = next(e for e in ev if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("ph") == "X")
+        expected = {f.case_id for f in windowed if r in f.ranks}
+        assert set(got) == expected, (r, set(got), expected)
+        for case_id, spans in got.items():
+            assert spans and all(scope in (f"rank {r}", "job") for *_, scope in spans), (r, case_id, spans)
+            own = [(a, b) for a, b, scope in spans if scope != "job"]
+            assert all(step["ts"] - 1 <= a <= b <= step["ts"] + step["dur"] + 1 for a, b in own), (r, case_id, own, step)

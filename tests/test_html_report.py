@@ -79,7 +79,9 @@ def test_html_renders_in_chromium(tmp_path, source):
     assert got["errors"] == [], got["errors"]  # no error, no CSP violation
     assert got["scripts"] == 2  # the probe's own: the report has none
     labels = [c["label"] for c in got["charts"]]
-    assert "step breakdown per rank" in labels and "step time over the run" in labels
+    assert "step breakdown per rank" in labels
+    # the DLRM job has one profiled step per rank: a statement, not a chart (issue 36 item 3)
+    assert ("step time over the run" in labels) == (source != "dlrm")
     assert "expected gain against the step" in labels
     for c in got["charts"]:
         assert c["width"] > 0 and c["height"] > 0 and c["shapes"] > 0, c
@@ -111,3 +113,63 @@ def test_a_hostile_trace_end_to_end(tmp_path):
     assert got["pwned"] is None and got["scripts"] == 2, got
     text = page.read_text(encoding="utf-8")
     assert "<script" not in text and "<img" not in text and MARK in text  # the payloads are there, as text
+
+
+def one_step_trace(tmp_path: Path) -> Path:
+    """The example cut to its second profiled step (ProfilerStep#3): a one-step trace."""
+    import gzip
+    import json
+
+    doc = json.loads(gzip.decompress(EXAMPLE.read_bytes()))
+    steps = sorted(e["ts"] for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#"))
+    a, b = steps[1], steps[2]
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("ph") == "M" or "ts" not in e or a <= e["ts"] < b]
+    out = tmp_path / "one_step.json"
+    out.write_text(json.dumps(doc))
+    return out
+
+
+def step_section(page: str) -> str:
+    return page[page.index('<h2 id="steps"'):page.index("</section>", page.index('<h2 id="steps"'))]
+
+
+def test_one_profiled_step_gets_a_statement_not_an_empty_chart(tmp_path):
+    # issue 36 item 3: a trace with one profiled step drew a chart of one dot; the section now
+    # says what the one step took (the breakdown's mean step: the same number) and where its
+    # parts are, and asks for more steps
+    from hermes_kb.advisor.run import advise_bundle_full
+    from hermes_kb.render.report import breakdown_rows
+    from hermes_kb.render.svg import ms
+
+    adv = advise_bundle_full(hermes_kb.load(one_step_trace(tmp_path)))
+    r = with_details(adv.report, adv.facts)
+    (s,) = r.summary
+    assert len(s.series) == 1 and len(s.steps) == 1
+    page = render_html(r)
+    sec = step_section(page)
+    assert 'aria-label="step time over the run"' not in page and "<svg" not in sec
+    (row,) = breakdown_rows(r)
+    assert sum(row["ms"][k] for k in ("compute", "communication", "host", "data", "idle")) == pytest.approx(row["mean_ms"])
+    said = f"One profiled step (step {s.steps[0].step}, {ms(s.series[0].duration_us)})"
+    assert said in sec and ms(row["mean_ms"] * 1e3) in sec
+    assert f'{row["mean_ms"]:,.2f} ms' in page[page.index('<h2 id="breakdown"'):page.index('<h2 id="steps"')]
+    assert "bar of the step breakdown above" in sec and "active=3" in sec
+    # several steps: the chart as before
+    several = render_html(with_details(hermes_kb.advise(EXAMPLE), []))
+    assert 'aria-label="step time over the run"' in several and 'class="one-step"' not in several
+
+
+@needs_shared()
+def test_one_profiled_step_per_rank_of_the_dlrm_job(tmp_path):
+    from hermes_kb.advisor.run import advise_bundle_full
+    from hermes_kb.render.report import breakdown_rows
+    from hermes_kb.render.svg import ms
+
+    adv = advise_bundle_full(hermes_kb.load(SHARED / "param/dlrm_kineto_8rank"))
+    r = with_details(adv.report, adv.facts)
+    assert len(r.summary) == 8 and all(len(s.series) == 1 for s in r.summary)
+    sec = step_section(render_html(r))
+    rows = breakdown_rows(r)
+    lo, hi = min(rows, key=lambda x: x["mean_ms"]), max(rows, key=lambda x: x["mean_ms"])
+    assert f"{ms(lo['mean_ms'] * 1e3)} on rank {lo['rank']} to {ms(hi['mean_ms'] * 1e3)} on rank {hi['rank']} across 8 ranks" in sec
+    assert "bars of the step breakdown above" in sec and "<svg" not in sec

@@ -1,6 +1,8 @@
 """What the monitor decided by itself (its notes, ``rank<R>.monitor.jsonl``), as lines of the
-report's warnings: automatic captures and their reasons, triggers refused, a warm-up that never
-settled, how MFU was obtained and the domains found."""
+report: automatic captures and their reasons, triggers refused, a warm-up that never settled, how
+MFU was obtained and the domains found. Most are notes (``Report.notes``: what the monitor did,
+how a number was obtained; nothing is wrong); a capture that failed and a warm-up that never
+settled are warnings (``Report.warnings``: the analysis has less, or less clean, data than asked)."""
 
 from __future__ import annotations
 
@@ -37,12 +39,21 @@ def _ranks_text(ranks: list[int]) -> str:
 
 
 def notes_warnings(run: RunLog, notes: dict[int, list[dict]] | None = None) -> list[str]:
-    """What the monitor decided by itself, for the report's warnings: each automatic capture with
-    its reason and what it held; triggers that asked for a capture and did not get one (one line
-    per rank and kind); a warm-up that never settled; how the FLOPs and the peak behind MFU were
-    obtained and the domains found (one line for all ranks that share it)."""
+    """Every line of ``warnings_and_notes``, warnings first."""
+    warnings, lines = warnings_and_notes(run, notes)
+    return warnings + lines
+
+
+def warnings_and_notes(run: RunLog, notes: dict[int, list[dict]] | None = None) -> tuple[list[str], list[str]]:
+    """What the monitor decided by itself, as (warnings, notes). Notes: each automatic capture
+    with its reason and what it held (or that the run ended before it ran); triggers that asked
+    for a capture and did not get one, with why (one line per rank and kind); how the FLOPs and
+    the peak behind MFU were obtained, or why there is no MFU; the domains found (one line for all
+    ranks that share it). Warnings: a capture that failed; a warm-up that never settled (the
+    analysed steps may hold some of it)."""
     notes = read_notes(run) if notes is None else notes
     out: list[str] = []
+    warned: list[str] = []
     shared: dict[str, list[int]] = defaultdict(list)
     for r in sorted(notes):
         recs = notes[r]
@@ -54,10 +65,12 @@ def notes_warnings(run: RunLog, notes: dict[int, list[dict]] | None = None) -> l
             kind = str(t.get("kind"))
             c = got.get(_key(t.get("id")))
             line = f"monitor: rank {r}: automatic capture ({KIND_WORDS.get(kind, kind)}): {t.get('reason')}"
+            failed = False
             if c is None:
                 line += "; the capture did not run (the run ended first)"
             elif c.get("error"):
                 line += f"; the capture failed: {c['error']}"
+                failed = True
             else:
                 a, b = nonneg_int(c.get("first_step")), nonneg_int(c.get("last_step"))
                 line += f"; captured steps {a}-{b}" if a is not None and b is not None else "; captured"
@@ -67,7 +80,7 @@ def notes_warnings(run: RunLog, notes: dict[int, list[dict]] | None = None) -> l
                     line += f", which {held} step {sl} ({w * 1e3:,.1f} ms against {ref * 1e3:,.1f} ms for the others)"
                 if c.get("trace"):
                     line += f" ({Path(str(c['trace'])).name})"
-            out.append(line)
+            (warned if failed else out).append(line)
             taken.add(kind)
         refused: dict[str, list[dict]] = defaultdict(list)
         for t in recs:
@@ -81,7 +94,7 @@ def notes_warnings(run: RunLog, notes: dict[int, list[dict]] | None = None) -> l
                        f"{ts[0].get('reason')}{more}")  # fmt: skip
         for w in recs:
             if w.get("type") == "warmup" and w.get("settled") is False:
-                out.append(f"monitor: rank {r}: {w.get('reason')} (end at step {w.get('end_step')})")
+                warned.append(f"monitor: rank {r}: {w.get('reason')} (end at step {w.get('end_step')})")
         m = mfu_note(recs)
         if m is not None:
             shared[f"monitor: MFU from FLOPs: {m.get('source')}, {finite_num(m.get('flops_per_step')) or 0:,.4g} per step; "
@@ -108,4 +121,4 @@ def notes_warnings(run: RunLog, notes: dict[int, list[dict]] | None = None) -> l
     if doms > MAX_DOMAIN_LINES:
         out.append(f"monitor: {doms - MAX_DOMAIN_LINES} more layouts of process groups on the other ranks "
                    f"(`hermes analyze RUN_DIR -k monitor_slow_rank` lists every domain)")  # fmt: skip
-    return list(dict.fromkeys(out))
+    return list(dict.fromkeys(warned)), list(dict.fromkeys(out))

@@ -74,6 +74,30 @@ def evidence_of(m: Match, inf: Inference) -> list[EvidenceItem]:
     return out
 
 
+def best_match(matches: list[Match]) -> Match:
+    """The match whose evidence a finding shows: the one with the most whole-window (step-less)
+    bindings, the first of equals."""
+    return max(matches, key=lambda m: sum(1 for v in m.bindings.values() if v.get("step") is None))
+
+
+def evidence_by_rank(inf: Inference, kb: KnowledgeBase, platform: str, case_ids) -> dict[str, dict[int, list[EvidenceItem]]]:
+    """Per case, per rank its matches bind: the evidence of that rank's best match (best_match
+    among the matches binding a fact of the rank). A finding keeps one match's evidence (one
+    rank's); ``hermes annotate`` writes every rank's own evidence windows into that rank's trace."""
+    cases = {e.item.id: e.item for e in kb.cases}
+    wanted = set(case_ids)
+    out: dict[str, dict[int, list[EvidenceItem]]] = {}
+    for case_id, matches in considered(inf, cases, platform).items():
+        if case_id not in wanted:
+            continue
+        by_rank: dict[int, list[Match]] = defaultdict(list)
+        for m in matches:
+            for r in {v.get("rank") for v in m.bindings.values() if v.get("rank") is not None}:
+                by_rank[r].append(m)
+        out[case_id] = {r: evidence_of(best_match(ms), inf) for r, ms in sorted(by_rank.items())}
+    return out
+
+
 def findings_from(inf: Inference, kb: KnowledgeBase, platform: str) -> list[Finding]:
     """Ranked findings; those claiming the same critical-path time as a better one nested in it."""
     findings, _ = findings_and_plans(inf, kb, platform)
@@ -141,7 +165,7 @@ def findings_and_plans(inf: Inference, kb: KnowledgeBase, platform: str) -> tupl
             severity = case.max_severity
         ranks = sorted({v.get("rank") for m in matches for v in m.bindings.values() if v.get("rank") is not None})
         steps = sorted({v.get("step") for m in matches for v in m.bindings.values() if v.get("step") is not None})
-        best = max(matches, key=lambda m: sum(1 for v in m.bindings.values() if v.get("step") is None))
+        best = best_match(matches)
         unlinked_note = ""
         if case.category == "cpu" and ranks and all(r in unlinked for r in ranks):
             # the host's side of the device rests on launch calls this trace does not have
@@ -226,4 +250,4 @@ def component_of(case: Case) -> str | None:
     return "host" if case.category == "cpu" else None
 
 
-__all__ = ["HIGH_SHARE", "MEDIUM_SHARE", "calibrated", "measured_confidence", "MIN_REPORTED_SPEEDUP", "component_of", "considered", "evidence_of", "findings_and_plans", "findings_from", "explains_of", "severity_of", "whatif_targets"]
+__all__ = ["HIGH_SHARE", "best_match", "evidence_by_rank", "MEDIUM_SHARE", "calibrated", "measured_confidence", "MIN_REPORTED_SPEEDUP", "component_of", "considered", "evidence_of", "findings_and_plans", "findings_from", "explains_of", "severity_of", "whatif_targets"]

@@ -243,7 +243,14 @@ class Report(BaseModel):
         default_factory=list, description="bottlenecks a rule derived that no finding explains, with their candidates"
     )
     kb: KbInfo
-    warnings: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(
+        default_factory=list, description="problems with the input or the analysis that bear on the numbers: files "
+        "or lines skipped, captures left out or failed, profiling overhead, a warm-up that never settled, a single "
+        "profiled step")
+    notes: list[str] = Field(
+        default_factory=list, description="informational lines, not problems (a monitor RUN_DIR): the monitor's "
+        "automatic captures and their reasons, triggers it did not capture and why, how MFU's FLOPs and peak were "
+        "obtained or why there is no MFU, the communication domains found")
     slow_ranks: list[SlowRank] = Field(default_factory=list, description="the slow rank of each communication "
                                        "domain, where a fact found one (CLI: html, json)")  # fmt: skip
 

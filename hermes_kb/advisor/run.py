@@ -22,10 +22,10 @@ from ..kb.loader import KnowledgeBase
 from ..trace import TraceBundle, load
 from ..trace.bundle import platform_of
 from .diagnose import diagnose
-from .findings import whatif_targets
+from .findings import evidence_by_rank, whatif_targets
 from .knowledge import knowledge_base
 from .on_demand import replay_needed
-from .report import Inputs, KbInfo, RankSummary, Report, SampleInfo
+from .report import EvidenceItem, Inputs, KbInfo, RankSummary, Report, SampleInfo
 from .summary import phases_summary, rank_summaries
 
 Stage = Callable[[str], None]
@@ -44,6 +44,9 @@ class Advised:
     facts: Sequence[Fact]  # a list, or a streamed job's facts.store.SpilledFacts
     bundle: TraceBundle | None = None
     run: Any = None  # monitor.reader.RunLog for a RUN_DIR
+    # per reported finding's case id, per rank it covers: that rank's own evidence (a finding
+    # shows one rank's; `hermes annotate` writes each rank's into its trace)
+    rank_evidence: dict[str, dict[int, list[EvidenceItem]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -56,6 +59,7 @@ class Analysed:
     inputs: Inputs
     summary: list[RankSummary]
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # informational lines (Report.notes)
     bundle: TraceBundle | None = None
     run: Any = None
 
@@ -79,8 +83,10 @@ def _advised(a: Analysed, kb: KnowledgeBase, *, engine: EngineName, top: int | N
         unexplained=left,
         kb=KbInfo(rules=len(kb.active_rules()), cases=len(kb.active_cases()), engine=inf.engine),
         warnings=a.warnings,
+        notes=a.notes,
     )
-    return Advised(report=report, facts=facts, bundle=a.bundle, run=a.run)
+    rank_evidence = evidence_by_rank(inf, kb, a.platform, [f.case_id for f in findings])
+    return Advised(report=report, facts=facts, bundle=a.bundle, run=a.run, rank_evidence=rank_evidence)
 
 
 def _of_bundle(bundle: TraceBundle, facts: Sequence[Fact], replay: Mapping[Any, Any]) -> Analysed:
@@ -141,6 +147,7 @@ def advise_run_dir_full(run_dir: str | os.PathLike, *, config=None, engine: Engi
         summary=[RankSummary(steps=[], **s, **phases_summary(captured_phases.get(s["rank"]), s.get("mean_step_us")))
                  for s in run_summary(ra)],  # fmt: skip
         warnings=ra.warnings,
+        notes=ra.notes,
         bundle=ra.bundle,
         run=ra.run,
     )

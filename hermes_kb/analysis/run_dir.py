@@ -25,6 +25,7 @@ class RunAnalysis:
     facts: list[Fact]
     bundle: TraceBundle | None = None
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # informational: what the monitor did (Report.notes)
     replay: dict = field(default_factory=dict)  # rank -> analysis.ReplayState of the captures
 
 
@@ -38,7 +39,7 @@ def as_run_dir(paths) -> Path | None:
 
 def analyze_run_dir(run_dir: str | os.PathLike, *, max_workers: int | None = None) -> RunAnalysis:
     from ..analyzers.monitor.loader_cores import with_core_bounds
-    from ..analyzers.monitor.notes import notes_warnings
+    from ..analyzers.monitor.notes import warnings_and_notes
     from ..analyzers.monitor.profiler_overhead import with_profiler_overhead
     from ..analyzers.monitor.run_log import monitor_facts
     from ..trace import load
@@ -83,9 +84,11 @@ def analyze_run_dir(run_dir: str | os.PathLike, *, max_workers: int | None = Non
     warnings += [f"analyzer {f.analyzer} failed on rank {f.rank}: {f.message}"
                  for f in facts if f.kind == "analyzer_error"]  # fmt: skip
     warnings += excluded_step_warnings(facts)
-    warnings += notes_warnings(run)  # the monitor's automatic captures and their reasons
+    # the monitor's automatic captures and their reasons, MFU's source, the domains: mostly notes
+    monitor_warnings, notes = warnings_and_notes(run)
+    warnings += monitor_warnings
     warnings = list(dict.fromkeys(warnings))  # each warning once
-    return RunAnalysis(run=run, facts=facts, bundle=bundle, warnings=warnings, replay=replay)
+    return RunAnalysis(run=run, facts=facts, bundle=bundle, warnings=warnings, notes=notes, replay=replay)
 
 
 def foreign_captures(bundle: TraceBundle, run: RunLog) -> list[str]:

@@ -59,6 +59,29 @@ def _series_ranks(report: Report) -> list:
     return sorted(keep, key=lambda s: s.rank)
 
 
+def one_step_note(report: Report, rows: list[dict]) -> str | None:
+    """What the step-time section says instead of a chart when every rank with step times has a
+    single profiled step: a chart over the run would be one dot per rank. The step's time per
+    rank (the breakdown's mean step, which is that step), and where its parts are drawn."""
+    have = [s for s in report.summary if s.series]
+    if not have or any(len(s.series) > 1 for s in have):
+        return None
+    steps = sorted({s.series[0].step for s in have})
+    which = f"step {steps[0]}" if len(steps) == 1 else "steps " + ", ".join(str(x) for x in steps[:4]) + (
+        ", …" if len(steps) > 4 else "")  # fmt: skip
+    times = sorted((svg.num(s.series[0].duration_us), s.rank) for s in have)
+    if len(times) == 1:
+        said = f"One profiled step ({which}, {svg.ms(times[0][0])})"
+    else:
+        (lo, lo_rank), (hi, hi_rank) = times[0], times[-1]
+        said = (f"One profiled step per rank ({which}): {svg.ms(lo)} on rank {lo_rank} to {svg.ms(hi)} on rank "
+                f"{hi_rank} across {len(times)} ranks")  # fmt: skip
+    parts = (" Its parts are the bar" + ("s" if len(rows) > 1 else "") + " of the step breakdown above."
+             if rows else "")  # fmt: skip
+    return (f"{said}: no step time over the run to draw; step-to-step variation and spikes need several steps. "
+            f"{parts.strip()} Profile at least 3 active steps (torch.profiler.schedule(wait=1, warmup=1, active=3)).")
+
+
 def render_html(report: Report) -> str:
     r = clean_model(report)
     rows = breakdown_rows(r, MAX_HTML_RANKS)
@@ -76,6 +99,7 @@ def render_html(report: Report) -> str:
     if len(drawn) < len([s for s in r.summary if s.series]):
         series_note += f" {len(drawn)} ranks drawn: the slowest and the fastest."
     path_ranks = [s for s in r.summary if s.critical_path_ops]
+    one_step = one_step_note(r, rows)
     ctx = {
         "report": r,
         "title": ", ".join(PurePath(s).name for s in r.inputs.sources[:3]) or "report",
@@ -91,7 +115,8 @@ def render_html(report: Report) -> str:
         "phase_chart": svg.breakdown_chart(prows, components=svg.PHASES, held="largest:",
                                            title="program phases per rank") if prows else Markup(""),  # fmt: skip
         "phase_legend": svg.legend([(n, c) for _, n, c in svg.PHASES] + [("the largest (outlined)", "#000")]),
-        "step_chart": svg.step_chart([(s.rank, s.series) for s in drawn]) if drawn else None,
+        "one_step": one_step,
+        "step_chart": svg.step_chart([(s.rank, s.series) for s in drawn]) if drawn and not one_step else None,
         "step_legend": svg.legend([(f"rank {s.rank}", svg.RANK_COLORS[i % len(svg.RANK_COLORS)]) for i, s in enumerate(drawn)]
                                   + [(svg.spike_label(c), svg.SPIKE_COLORS.get(c, "#333")) for c in causes]),  # fmt: skip
         "series_note": series_note,
@@ -111,4 +136,4 @@ def render_html(report: Report) -> str:
     return env().get_template("report.html.j2").render(**ctx)
 
 
-__all__ = ["render_html"]
+__all__ = ["one_step_note", "render_html"]

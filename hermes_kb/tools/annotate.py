@@ -7,7 +7,9 @@ Perfetto UI (https://ui.perfetto.dev) and chrome://tracing:
   goes to a second thread, as the events of one thread must nest;
 * a process "hermes: findings" with one thread per finding (more when its windows overlap),
   named by case id and title, holding the finding's evidence windows as ``X`` events named by
-  case id (args: title, severity, expected speedup, fact, scope).
+  case id (args: title, severity, expected speedup, fact, scope). Each rank a finding covers
+  gets its own evidence (``Advised.rank_evidence``: the rank's best match of the case), not the
+  one rank's evidence the report's finding shows; evidence scoped to another rank is left out.
 
 Both processes get ``process_name`` / ``thread_name`` / sort-index metadata events and pids
 that the trace does not use. Every original event is kept unchanged (same count, same content,
@@ -143,11 +145,15 @@ def tracks(adv, rank: int, offset: float, pids: tuple[int, int]) -> tuple[list[d
                 segments += 1
     windows = 0
     tid = 10
+    own = getattr(adv, "rank_evidence", None) or {}
     for i, f in enumerate(adv.report.findings, 1):
         if f.ranks and rank not in f.ranks:
             continue
         items = []
-        for e in f.evidence:
+        # the rank's own evidence (the finding itself keeps one rank's); the finding's when the
+        # rank's is not known
+        evidence = own.get(f.case_id, {}).get(rank, f.evidence)
+        for e in evidence:
             m = _RANK_IN_SCOPE.search(e.scope)
             if m and int(m.group(1)) != rank:
                 continue

@@ -206,9 +206,13 @@ class _Builders:
                 self.flows.add(evs)
             elif route == "memory":
                 self.memory.add(evs)
-            elif route == "cpu_ops" and cat != "cpu_op":
+            elif route == "cpu_ops":
                 # PyTorch 1.8-1.9 ("Operator"): no user_annotation category yet, the step, DataLoader
-                # and optimizer scopes are ops; left there, a ProfilerStep at depth 0 holds every op
+                # and optimizer scopes are ops; and a later trace's "ProfilerStep#N" is a cpu_op when
+                # it was opened with torch._C._profiler._RecordFunctionFast (RecordScope::FUNCTION),
+                # as hermes' monitor does for its captures (monitor/capture.py). Left there, a
+                # ProfilerStep at depth 0 holds every op: the step is not found, and the step span
+                # is the top-level "operator" of every host analysis and of the critical path
                 ops, scopes = _split_scopes([e for e in evs if e.ph == "X"])
                 self.cpu_ops.add(ops)
                 self.annotations.add(scopes)
