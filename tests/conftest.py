@@ -75,3 +75,14 @@ def in_fresh_process(code: str, timeout: float = 300) -> str:
                          timeout=timeout, env={**__import__("os").environ, "PYTHONPATH": here})  # fmt: skip
     assert out.returncode == 0, out.stderr[-4000:]
     return out.stdout
+
+
+_SLOW = {line.strip() for line in (ROOT / "tests" / "slow_tests.txt").read_text().splitlines()
+         if line.strip() and not line.startswith("#")}  # fmt: skip
+
+
+def pytest_collection_modifyitems(config, items):
+    """The `slow` tier (README, "Tests"): the ids listed in tests/slow_tests.txt."""
+    for item in items:
+        if item.nodeid in _SLOW:
+            item.add_marker(pytest.mark.slow)
