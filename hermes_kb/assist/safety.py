@@ -36,15 +36,26 @@ class Roots:
     def __init__(self, roots: list[str | os.PathLike]):
         if not roots:
             raise RefusedPath("no --root given: the server would read nothing")
-        self.roots: list[str] = []
+        self.roots: list[str] = []  # resolved
+        self.named: list[str] = []  # as given (absolute): a root may itself be reached through a link
         for r in roots:
             real = os.path.realpath(os.fspath(r))
             if not os.path.isdir(real):
                 raise RefusedPath("a root must be an existing directory", str(r))
             self.roots.append(real)
+            self.named.append(os.path.normpath(os.path.abspath(os.fspath(r))))
+
+    @staticmethod
+    def under(path: str, base: str) -> bool:
+        return path == base or path.startswith(base.rstrip(os.sep) + os.sep)
 
     def inside(self, real: str) -> bool:
-        return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in self.roots)
+        return any(self.under(real, r) for r in self.roots)
+
+    def base_of(self, lexical: str) -> str | None:
+        """The root (as given or resolved) the path as given lies under, the deepest one."""
+        bases = [b for b in (*self.named, *self.roots) if self.under(lexical, b)]
+        return max(bases, key=len) if bases else None
 
     def _candidates(self, path: str) -> list[str]:
         if os.path.isabs(path):
@@ -58,9 +69,10 @@ class Roots:
             raise RefusedPath("an empty path or one with a NUL byte", repr(given))
         cands = self._candidates(given)
         lexical = next((c for c in cands if os.path.lexists(c)), cands[0])
-        if not self.inside(lexical):
-            raise RefusedPath(f"outside the server's roots ({', '.join(self.roots)})", given)
-        self._links_on_the_way(lexical, given)
+        base = self.base_of(lexical)
+        if base is None:
+            raise RefusedPath(f"outside the server's roots ({', '.join(self.named)})", given)
+        self._links_on_the_way(lexical, base, given)
         real = os.path.realpath(lexical)
         if not self.inside(real):
             raise RefusedPath(f"resolves to {real}, outside the server's roots", given)
@@ -76,11 +88,10 @@ class Roots:
             self._walk(real, given)
         return real
 
-    def _links_on_the_way(self, lexical: str, given: str) -> None:
-        """Every component of the path that is a symbolic link must resolve under a root."""
-        parts = lexical.split(os.sep)
-        cur = os.sep
-        for p in parts[1:]:
+    def _links_on_the_way(self, lexical: str, base: str, given: str) -> None:
+        """Every component of the path below its root that is a symbolic link must resolve under a root."""
+        cur = base
+        for p in [p for p in lexical[len(base):].split(os.sep) if p]:
             cur = os.path.join(cur, p)
             if os.path.islink(cur) and not self.inside(os.path.realpath(cur)):
                 raise RefusedPath(f"the symbolic link {cur} leaves the server's roots", given)
