@@ -145,6 +145,7 @@ def test_whatif_replays_as_analyze_does():
     assert 0 < part["removed_us"] < whole["removed_us"]
     by_name = call(server, "whatif", {"path": str(EXAMPLE), "pattern": r"DataLoader", "fraction": 1.0})
     assert by_name["removed_us"] > 0 and any("DataLoader" in e for e in by_name["events"])
+    assert by_name["provenance"]["evidence_window_us"]
     assert "no what-if set" in error(server, "whatif", {"path": str(EXAMPLE), "target": "no_such_set"})
 
 
@@ -174,7 +175,8 @@ def test_diff_is_diff_json(real):
     got = call(build_server(roots(real), max_bytes=BIG), "diff", {"before": str(a), "after": str(b)})
     want = cli_json("diff", "--format", "json", str(a), str(b))
     assert got["items"] == want["ranks"]
-    assert {k: v for k, v in got.items() if k not in ("items", "page")} == {k: v for k, v in want.items() if k != "ranks"}
+    assert got["provenance"]["fact"] == "step_breakdown"
+    assert {k: v for k, v in got.items() if k not in ("items", "page", "provenance")} == {k: v for k, v in want.items() if k != "ranks"}
 
 
 def test_kb_search_and_monitor_status():

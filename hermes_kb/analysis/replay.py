@@ -44,13 +44,14 @@ def removed_by(state: ReplayState, amounts: np.ndarray, fraction: float, drop_wa
     return float(evaluate(state.model, amounts, min(max(float(fraction), 0.0), 1.0), drop_waits))
 
 
-def matching_amounts(shared: Any, pattern: str) -> tuple[np.ndarray, list[str]]:
+def matching_amounts(shared: Any, pattern: str) -> tuple[np.ndarray, list[str], list[float] | None]:
     """A what-if set made of every graph node whose name matches ``pattern`` (a regular
     expression searched in host segment, kernel and copy names), each node whole, with the
-    names that matched (most time first). Zero amounts when the rank has no replay graph."""
+    names that matched (most time first) and the window they span (first start, last end, µs).
+    Zero amounts when the rank has no replay graph."""
     g = shared.get("graph")
     if g is None or shared.get("whatif_model") is None:
-        return np.zeros(0), []
+        return np.zeros(0), [], None
     rx = re.compile(pattern)
     hit = np.fromiter((bool(rx.search(n)) for n in g.names), dtype=bool, count=len(g.names))
     mask = hit[g.name]
@@ -58,7 +59,9 @@ def matching_amounts(shared: Any, pattern: str) -> tuple[np.ndarray, list[str]]:
     by_name: dict[str, float] = {}
     for i in np.flatnonzero(mask).tolist():
         by_name[g.names[int(g.name[i])]] = by_name.get(g.names[int(g.name[i])], 0.0) + float(amounts[i])
-    return amounts, sorted(by_name, key=lambda k: -by_name[k])
+    sel = np.flatnonzero(mask)
+    window = [float(g.start[sel].min()), float(g.end[sel].max())] if len(sel) else None
+    return amounts, sorted(by_name, key=lambda k: -by_name[k]), window
 
 
 __all__ = ["ReplayState", "SimModel", "matching_amounts", "removed_at", "removed_by", "removed_together",

@@ -214,7 +214,7 @@ def whatif(paths: list[str], rank: int | None = None, target: str | None = None,
         if len(pattern) > 200:
             raise UsageError("pattern longer than 200 characters")
         try:
-            amounts, names = matching_amounts(ctx.shared, pattern)
+            amounts, names, window = matching_amounts(ctx.shared, pattern)
         except re.error as exc:
             raise UsageError(f"pattern {pattern!r} is not a regular expression: {exc}") from None
         if not names:
@@ -225,7 +225,8 @@ def whatif(paths: list[str], rank: int | None = None, target: str | None = None,
         out |= {"pattern": pattern, "events": names[:10], "events_count": len(names), "own_us": float(amounts.sum()),
                 "nodes_count": int((amounts > 0).sum()),
                 "provenance": {"fact": "whatif (replay of the rank's dependency graph)", "rank": rank, "step": None,
-                               "evidence_window_us": None, "note": "nodes named by the pattern, each whole"}}  # fmt: skip
+                               "evidence_window_us": window, "note": "the graph nodes the pattern names, each "
+                               "shortened whole by the fraction; the window spans them"}}  # fmt: skip
     agg = next((f for f in rank_facts if f.kind == "step_breakdown" and f.step is None), None)
     steps = getattr(agg, "steps_count", None)
     out |= {"replay_base_us": base, "removed_us": removed,
@@ -247,7 +248,10 @@ def diff(before: list[str], after: list[str], top: int = 10) -> dict:
     from ..tools.diff import diff_advised
 
     result = json.loads(render_diff_json(diff_advised(advised(before), advised(after), top=top)))
-    return {**{k: v for k, v in result.items() if k != "ranks"}, "items": result.get("ranks", [])}
+    prov = {"fact": "step_breakdown", "step": None, "before": before, "after": after,
+            "note": "step times and components are each run's means per analysed step (its step_breakdown facts); "
+                    "ops and kernels are means per step of the traced events"}  # fmt: skip
+    return {**{k: v for k, v in result.items() if k != "ranks"}, "provenance": prov, "items": result.get("ranks", [])}
 
 
 def kb_search(text: str | None = None, category: str | None = None) -> dict:
