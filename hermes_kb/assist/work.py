@@ -167,8 +167,9 @@ def explain(case_id: str, paths: list[str]) -> dict:
         if m:
             conditions.append({"condition": m.group(1), "held": int(m.group(2)) > 0, "passing": int(m.group(2)),
                                "candidates": int(m.group(3)), "seen": m.group(4)})  # fmt: skip
-    return {"case_id": case_id, "fires": "FIRES" in (lines[-1] if lines else ""), "verdict": lines[-1] if lines else "",
-            "conditions": conditions, "text": lines, "warnings": warnings}  # fmt: skip
+    verdict = next((line[3:] for line in lines if line.startswith("=> ")), "")
+    return {"case_id": case_id, "fires": " FIRES " in f" {verdict} ", "verdict": verdict, "conditions": conditions,
+            "text": lines, "warnings": warnings}  # fmt: skip
 
 
 def _whatif_fact(facts_: list[Fact], rank: int, target: str) -> Fact | None:
