@@ -1,5 +1,5 @@
 """``hermes mcp``: the Model Context Protocol server over stdio (docs/agents.md), on the official
-``mcp`` SDK (the ``hermes-kb[mcp]`` extra), imported here only.
+``mcp`` SDK, 2.x (the ``hermes-kb[mcp]`` extra), imported here only.
 
 Tools: advise, breakdown, facts, explain, whatif, diff, kb_search, monitor_status. Resources: a
 report as JSON and Markdown, a case's YAML, the JSON Schemas. Every path an assistant names is
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..core.errors import HermesError
+from ..core.errors import EXIT_ENVIRONMENT, HermesError
 from .limits import DEFAULT_MAX_BYTES, DEFAULT_TIMEOUT_S, Answers, paged, run_limited, size_of
 from .safety import Roots
 
@@ -31,14 +31,19 @@ INSTRUCTIONS = (
 )
 
 
+class NoSdk(HermesError):
+    """The ``mcp`` SDK is missing, or older than the 2.x API the server is written for."""
+
+    exit_code = EXIT_ENVIRONMENT
+
+
 def sdk():
-    """The SDK's server class and its tool / resource error types (mcp 2.x MCPServer, 1.x FastMCP)."""
+    """The SDK's server class and its tool / resource error types (mcp 2.x: MCPServer)."""
     try:
         from mcp.server.mcpserver import MCPServer as Server
         from mcp.server.mcpserver.exceptions import ResourceError, ToolError
     except ImportError:
-        from mcp.server.fastmcp import FastMCP as Server
-        from mcp.server.fastmcp.exceptions import ResourceError, ToolError
+        raise NoSdk("hermes mcp needs the MCP SDK 2.x: pip install 'hermes-kb[mcp]'") from None
     return Server, ToolError, ResourceError
 
 
@@ -83,10 +88,7 @@ def build_server(roots: list[str], *, timeout_s: float = DEFAULT_TIMEOUT_S, max_
 
     Server, ToolError, ResourceError = sdk()
     h = Hermes(roots, timeout_s=timeout_s, max_bytes=max_bytes)
-    try:
-        server = Server("hermes", instructions=INSTRUCTIONS, version=__version__)
-    except TypeError:  # mcp 1.x: no version argument
-        server = Server("hermes", instructions=INSTRUCTIONS)
+    server = Server("hermes", instructions=INSTRUCTIONS, version=__version__)
     server.hermes = h  # type: ignore[attr-defined]
 
     def guarded(fn):
@@ -250,4 +252,4 @@ def serve(roots: list[str], *, timeout_s: float = DEFAULT_TIMEOUT_S, max_bytes: 
     build_server(roots, timeout_s=timeout_s, max_bytes=max_bytes).run("stdio")
 
 
-__all__ = ["CATEGORIES", "Hermes", "INSTRUCTIONS", "SCHEMAS", "build_server", "sdk", "serve"]
+__all__ = ["CATEGORIES", "Hermes", "NoSdk", "INSTRUCTIONS", "SCHEMAS", "build_server", "sdk", "serve"]
