@@ -273,3 +273,28 @@ def test_a_root_reached_through_a_link_and_relative_paths(tmp_path):
     assert roots.check("t.json") == str((real / "t.json").resolve())  # relative: under a root
     with pytest.raises(RefusedPath, match="outside"):
         roots.check("../alias/../../etc/passwd")
+
+
+def test_a_page_fits_the_limit_as_sent():
+    (r,) = calls(build_server(roots(), max_bytes=5000), ("kb_search", {"text": "loader"}))
+    got = json.loads(r.content[0].text)
+    assert got["page"]["next_offset"] is not None and len(r.content[0].text.encode()) <= 5000
+
+
+def test_over_stdio_as_an_assistant_starts_it():
+    """``hermes mcp`` as a subprocess: nothing but the protocol on its stdout (the workers' output goes to stderr)."""
+    import sys
+
+    from mcp import StdioServerParameters
+
+    params = StdioServerParameters(command=sys.executable, args=["-m", "hermes_kb", "mcp", "--root", str(ROOT / "examples")])
+
+    async def go():
+        async with Client(params) as c:
+            names = [t.name for t in (await c.list_tools()).tools]
+            return names, await c.call_tool("whatif", {"path": "traces/cpu_dataloader_bound.json.gz", "target": "dataloader",
+                                                       "fraction": 1.0})  # fmt: skip
+
+    names, r = asyncio.run(go())
+    assert "whatif" in names and not r.is_error, r.content[0].text
+    assert json.loads(r.content[0].text)["removed_us"] > 0

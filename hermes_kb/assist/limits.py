@@ -133,7 +133,8 @@ class Answers:
 
 
 def size_of(value: Any) -> int:
-    return len(json.dumps(value, allow_nan=False, default=str).encode())
+    """Bytes of ``value`` as the SDK sends a tool's answer: JSON text indented by 2."""
+    return len(json.dumps(value, allow_nan=False, default=str, indent=2, ensure_ascii=False).encode())
 
 
 def paged(answer: dict, key: str, offset: int, max_bytes: int) -> dict:
@@ -153,12 +154,16 @@ def paged(answer: dict, key: str, offset: int, max_bytes: int) -> dict:
             break
         taken.append(item)
         used += n
-    nxt = offset + len(taken)
-    page = {"offset": offset, "count": len(taken), "total": total, "next_offset": nxt if nxt < total else None,
-            "max_bytes": max_bytes}  # fmt: skip
-    if nxt < total:
-        page["note"] = f"answer over {max_bytes} bytes: call again with offset={nxt} for the rest"
-    return {**head, key: taken, "page": page}
+    while True:  # nested items indent deeper than measured alone: the whole page is checked
+        nxt = offset + len(taken)
+        page = {"offset": offset, "count": len(taken), "total": total, "next_offset": nxt if nxt < total else None,
+                "max_bytes": max_bytes}  # fmt: skip
+        if nxt < total:
+            page["note"] = f"answer over {max_bytes} bytes: call again with offset={nxt} for the rest"
+        out = {**head, key: taken, "page": page}
+        if len(taken) <= 1 or size_of(out) <= max_bytes:
+            return out
+        taken = taken[:-1]
 
 
 __all__ = ["Answers", "DEFAULT_MAX_BYTES", "DEFAULT_TIMEOUT_S", "ToolFailed", "ToolTimeout", "paged", "run_limited",
