@@ -17,12 +17,11 @@ from typer.testing import CliRunner
 
 pytest.importorskip("mcp")
 
-from mcp import Client  # noqa: E402
+from conftest import SHARED
+from mcp import Client
 
-from hermes_kb.assist.server import build_server  # noqa: E402
-from hermes_kb.cli.app import app  # noqa: E402
-
-from conftest import SHARED  # noqa: E402
+from hermes_kb.assist.server import build_server
+from hermes_kb.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples/traces/cpu_dataloader_bound.json.gz"

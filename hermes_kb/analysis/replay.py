@@ -6,10 +6,9 @@ it through here, as it reaches every analyzer through the analysis layer."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
-
-import re
 
 import numpy as np
 

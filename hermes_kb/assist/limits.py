@@ -44,7 +44,7 @@ def _child(conn, name: str, kwargs: dict) -> None:
         conn.send(("ok", text))
     except HermesError as exc:
         conn.send(("error", str(exc)))
-    except Exception as exc:  # the library's bug: named, not a traceback on the protocol
+    except Exception as exc:  # noqa: BLE001  (the library's bug: named, not a traceback on the protocol)
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
     finally:
         conn.close()
@@ -166,5 +166,13 @@ def paged(answer: dict, key: str, offset: int, max_bytes: int) -> dict:
         taken = taken[:-1]
 
 
-__all__ = ["Answers", "DEFAULT_MAX_BYTES", "DEFAULT_TIMEOUT_S", "ToolFailed", "ToolTimeout", "paged", "run_limited",
-           "size_of"]  # fmt: skip
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_TIMEOUT_S",
+    "Answers",
+    "ToolFailed",
+    "ToolTimeout",
+    "paged",
+    "run_limited",
+    "size_of",
+]  # fmt: skip

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import stat
 
-from ..core.errors import HermesError, EXIT_USAGE
+from ..core.errors import EXIT_USAGE, HermesError
 
 MAX_WALK = 100_000  # entries checked inside a directory given as input
 

@@ -252,4 +252,4 @@ def serve(roots: list[str], *, timeout_s: float = DEFAULT_TIMEOUT_S, max_bytes: 
     build_server(roots, timeout_s=timeout_s, max_bytes=max_bytes).run("stdio")
 
 
-__all__ = ["CATEGORIES", "Hermes", "NoSdk", "INSTRUCTIONS", "SCHEMAS", "build_server", "sdk", "serve"]
+__all__ = ["CATEGORIES", "INSTRUCTIONS", "SCHEMAS", "Hermes", "NoSdk", "build_server", "sdk", "serve"]

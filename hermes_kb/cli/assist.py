@@ -14,11 +14,11 @@ from .common import fail
 
 def mcp(
     root: Annotated[list[Path], typer.Option("--root", help="a directory the tools may read under (repeatable); "
-                                             "every other path is refused")],  # fmt: skip
+                                             "every other path is refused")],
     timeout: Annotated[float, typer.Option("--timeout", min=1, help="seconds one tool call may run before it is "
-                                           "abandoned")] = 300.0,  # fmt: skip
+                                           "abandoned")] = 300.0,
     max_bytes: Annotated[int, typer.Option("--max-bytes", min=4096, help="largest answer in bytes; longer ones are "
-                                           "paged (offset)")] = 200_000,  # fmt: skip
+                                           "paged (offset)")] = 200_000,
 ) -> None:
     """Serve hermes to an AI assistant: a Model Context Protocol server over stdio (docs/agents.md).
 
