@@ -34,6 +34,7 @@ LAYERS: list[set[str]] = [
     {"advisor"},
     {"tools"},
     {"render"},
+    {"assist"},
     {"cli"},
 ]
 TOP = {"", "_finder", "__main__"}  # the package's façade (hermes_kb/__init__.py) and its entry points

@@ -10,7 +10,7 @@ import typer
 
 from ..core.errors import EXIT_OK, HermesError
 from ..core.version import __version__
-from . import advise, compare, inputs
+from . import advise, assist, compare, inputs
 from .style import HermesTyper
 from .kb import kb_app
 from .monitor import monitor_app
@@ -28,6 +28,7 @@ for command in (advise.advise, compare.diff, compare.annotate, inputs.inspect, i
 app.add_typer(kb_app, name="kb")
 app.add_typer(monitor_app, name="monitor")
 app.add_typer(schema_app, name="schema")
+app.command("mcp")(assist.mcp)
 
 
 def _version(value: bool) -> None:
