@@ -137,3 +137,25 @@ def test_cache_off_and_unwritable_directory(kb_copy, full_loads, tmp_path, monke
     monkeypatch.setenv("HERMES_CACHE_DIR", str(tmp_path / "blocked" / "cache"))
     load_kb(*kb_copy)  # no error: the cache is only an optimisation
     assert len(full_loads) == 3
+
+
+def test_kb_list_from_the_cache_equals_the_checked_list_and_builds_no_model(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HERMES_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("HERMES_KB_CACHE", None)
+
+    def kb_list(*extra, off=False, importtime=False):
+        e = {**env, **({"HERMES_KB_CACHE": "off"} if off else {})}
+        cmd = [sys.executable, *(["-X", "importtime"] if importtime else []), "-m", "hermes_kb", "kb", "list", *extra]
+        r = subprocess.run(cmd, env=e, capture_output=True, text=True, check=True)
+        return r.stdout, r.stderr
+
+    checked_json, _ = kb_list("--format", "json", off=True)
+    kb_list()  # the first command checks the KB and writes the cache
+    cached_json, imports = kb_list("--format", "json", importtime=True)
+    assert json.loads(cached_json) == json.loads(checked_json) and len(json.loads(cached_json)) > 150
+    assert "hermes_kb.kb.models" not in imports and "hermes_kb.facts" not in imports  # rows straight from the cache
+    assert kb_list()[0] == kb_list(off=True)[0]

@@ -78,18 +78,28 @@ def test_no_unpickling_from_disk():
     src = inspect.getsource(kineto._build_split)
     assert src.index("os.pipe()") < src.index("os.fork()") < src.index("pickle.loads(data)")
     assert "open(" not in src.replace("os.fdopen(", "")  # the bytes come from the pipe, not from a path
-    # multiprocessing connections (which unpickle) only in the worker module, from its own children
-    recv = [f.relative_to(ROOT).as_posix() for f in (ROOT / "hermes_kb").rglob("*.py") if ".recv(" in f.read_text()]
-    assert recv == ["hermes_kb/core/workers.py"]
+    # multiprocessing connections (which unpickle) only from hermes' own children: the worker
+    # module's, and the MCP server's per-call child (assist/limits.py: a Pipe it made, a child it forked)
+    recv = sorted(f.relative_to(ROOT).as_posix() for f in (ROOT / "hermes_kb").rglob("*.py") if ".recv(" in f.read_text())
+    assert recv == ["hermes_kb/assist/limits.py", "hermes_kb/core/workers.py"]
+    src = (ROOT / "hermes_kb/assist/limits.py").read_text()
+    assert src.index("ctx.Pipe(") < src.index("parent.recv()")
 
 
-def test_kb_load_writes_no_cache(tmp_path, monkeypatch):
+def test_kb_load_writes_only_a_json_cache(tmp_path, monkeypatch):
+    """The knowledge base's only disk cache is JSON data in the user's cache directory (kb/cache.py):
+    nothing pickled, nothing anywhere else."""
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("HERMES_CACHE_DIR", raising=False)
+    monkeypatch.delenv("HERMES_KB_CACHE", raising=False)
     out = subprocess.run([sys.executable, "-c", "from hermes_kb.kb.loader import load_kb; load_kb()"],
                          capture_output=True, text=True, env=os.environ.copy(), cwd=tmp_path)  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert list(tmp_path.rglob("*")) == []
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert len(written) == 1 and written[0].parent == tmp_path / "cache" / "hermes", written
+    assert written[0].name.startswith("kb-") and written[0].suffix == ".json"
+    assert json.loads(written[0].read_text())["format"] >= 1
 
 
 # ---- item 3: a validated event model --------------------------------------------------------

@@ -63,13 +63,26 @@ def kb_test(
 @kb_app.command("list")
 def kb_list(fmt: Annotated[Format, typer.Option("--format", "-f", case_sensitive=False)] = Format.table) -> None:
     """Every rule and case, rules first, each sorted by id: id, status, category, title."""
+    from ..kb import cache
+    from ..kb.files import kb_dirs, kb_files
     from ..kb.ids import id_key
+    from ..kb.yaml_io import MAX_YAML_BYTES
 
-    kb = kb_or_fail()
-    rows = [{"id": e.item.id, "status": e.item.status,
-             "category": getattr(e.item, "category", None) or e.item.emit.category,
-             "cause": getattr(e.item, "cause", ""), "title": e.item.title, "file": e.path}
-            for e in (*kb.rules, *kb.cases)]  # fmt: skip
+    try:
+        files = kb_files(*kb_dirs())
+    except HermesError as err:
+        fail(err)
+    _, docs = cache.documents(files, MAX_YAML_BYTES)  # a checked KB's rows, with no model built
+    if docs is not None:
+        where = {(kind, name): str(path) for kind, name, path in files}
+        rows = [{**d["row"], "file": where[(d["kind"], d["name"])]} for d in docs]
+        n_rules = sum(d["kind"] == "rule" for d in docs)
+    else:
+        from ..kb.loader import list_row
+
+        kb = kb_or_fail()
+        rows = [{**list_row(e.item), "file": e.path} for e in (*kb.rules, *kb.cases)]
+        n_rules = len(kb.rules)
     rows.sort(key=lambda r: id_key(r["id"]))
     if fmt is Format.json:
         typer.echo(json.dumps(rows, indent=1))
@@ -80,7 +93,7 @@ def kb_list(fmt: Annotated[Format, typer.Option("--format", "-f", case_sensitive
     cells = [[clean_line(str(r[c] or "")) for c in cols] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
     # plain aligned columns (as pip list): greppable, no wrapping, and ~0.2 s faster than a rich table
-    lines = [f"{len(kb.rules)} rules, {len(kb.cases)} cases", ""]
+    lines = [f"{n_rules} rules, {len(rows) - n_rules} cases", ""]
     for row in ([*cols], ["-" * w for w in widths], *cells):
         lines.append("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
     typer.echo("\n".join(lines))

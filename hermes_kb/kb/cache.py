@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-FORMAT = 1
+FORMAT = 2
 KEEP = 8  # cache files kept in the directory (one per knowledge-base version seen)
 _CHECKERS = ("kb", "facts")  # the packages whose source decides what a check accepts
 
@@ -80,6 +80,17 @@ def _decode(d: dict) -> Any:
     return d
 
 
+def documents(files: list[tuple[str, str, Path]], max_bytes: int) -> tuple[str | None, list[dict[str, Any]] | None]:
+    """The fingerprint of these files (kind, name, path: kb/files.py) and the documents cached
+    under it, if any; each names a file of this list."""
+    digest = fingerprint([(name, path) for _, name, path in files], max_bytes)
+    docs = read(digest) if digest is not None else None
+    names = {(kind, name) for kind, name, _ in files}
+    if docs is not None and any((d["kind"], d["name"]) not in names for d in docs):
+        docs = None
+    return digest, docs
+
+
 def _file(directory: Path, digest: str) -> Path:
     return directory / f"kb-{digest[:40]}.json"
 
@@ -99,7 +110,7 @@ def read(digest: str) -> list[dict[str, Any]] | None:
     items = doc.get("items")
     ok = isinstance(items, list) and all(
         isinstance(i, dict) and i.get("kind") in ("rule", "case") and isinstance(i.get("name"), str)
-        and isinstance(i.get("data"), dict) for i in items)  # fmt: skip
+        and isinstance(i.get("data"), dict) and isinstance(i.get("row"), dict) for i in items)  # fmt: skip
     return items if ok else None
 
 
@@ -132,4 +143,4 @@ def write(digest: str, items: list[dict[str, Any]]) -> None:
             pass
 
 
-__all__ = ["cache_dir", "fingerprint", "read", "write"]
+__all__ = ["cache_dir", "documents", "fingerprint", "read", "write"]

@@ -18,9 +18,9 @@ import yaml
 from pydantic import ValidationError
 
 from ..core.errors import ConfigError, HermesError
-from ..core.paths import PACKAGE, shipped_dir
 from . import cache
 from .conditions import Leaf, Pattern, and_refs, leaves, normalize
+from .files import kb_dirs, kb_files
 from .models import Case, Rule
 from .yaml_io import MAX_YAML_BYTES, LazyNodes, YamlLimitError, read_document, safe_yaml
 
@@ -64,15 +64,6 @@ class KnowledgeBase:
 
     def active_rules(self) -> list[Entry]:
         return [e for e in self.rules if e.item.status != "deprecated"]
-
-
-def kb_dirs() -> tuple[Path, Path]:
-    """rules/ and cases/ as shipped: inside the package in a wheel install, at the repository
-    root in a source checkout or editable install (core/paths.py, as for analyzers/)."""
-    rules, cases = shipped_dir("rules"), shipped_dir("cases")
-    if rules is None or cases is None:
-        raise HermesError(f"the knowledge base (rules/, cases/) is not installed next to {PACKAGE}")
-    return rules, cases
 
 
 def _mark(node, loc: tuple) -> tuple[int, int]:
@@ -241,12 +232,6 @@ def _check_examples(item, p: str, nodes, problems: list[str]) -> None:
                     problems.append(_where(p, nodes, ("examples", which, i, "params", k), f"unknown parameter {k!r}"))
 
 
-def _kb_files(rules_dir: Path, cases_dir: Path) -> list[tuple[Path, type]]:
-    files: list[tuple[Path, type]] = [(f, Rule) for f in sorted(Path(rules_dir).glob("*.yaml"))]
-    files += [(f, Case) for f in sorted(Path(cases_dir).glob("*/*.yaml"))]
-    return files
-
-
 def load_kb(rules_dir: Path | None = None, cases_dir: Path | None = None,
             overrides: dict[str, dict[str, Any]] | None = None) -> KnowledgeBase:  # fmt: skip
     """Load and check every rule and case; raise KbError listing every problem found. A knowledge
@@ -274,15 +259,17 @@ def find_item_file(item_id: str, rules_dir: Path | None = None, cases_dir: Path 
     return None
 
 
-def _kb_name(path: Path, model: type) -> str:
-    return path.name if model is Rule else f"{path.parent.name}/{path.name}"
+def list_row(item: Rule | Case) -> dict[str, Any]:
+    """What `hermes kb list` shows of an item (kept in the cache, so the list needs no model)."""
+    return {"id": item.id, "status": item.status, "category": getattr(item, "category", None) or item.emit.category,
+            "cause": getattr(item, "cause", ""), "title": item.title}  # fmt: skip
 
 
 def _load_checked(rules_dir: Path, cases_dir: Path, overrides) -> KnowledgeBase:
-    files = _kb_files(rules_dir, cases_dir)
-    digest = cache.fingerprint([(_kb_name(f, m), f) for f, m in files], MAX_YAML_BYTES)
-    if digest is not None and (docs := cache.read(digest)) is not None:
-        kb = _from_cache(docs, files, Path(rules_dir), Path(cases_dir), overrides)
+    files = kb_files(rules_dir, cases_dir)
+    digest, docs = cache.documents(files, MAX_YAML_BYTES)
+    if docs is not None:
+        kb = _from_cache(docs, Path(rules_dir), Path(cases_dir), overrides)
         if kb is not None:
             return kb
     docs = []
@@ -292,15 +279,11 @@ def _load_checked(rules_dir: Path, cases_dir: Path, overrides) -> KnowledgeBase:
     return _with_params(kb, overrides)
 
 
-def _from_cache(docs: list[dict[str, Any]], files: list[tuple[Path, type]], rules_dir: Path, cases_dir: Path,
-                overrides) -> KnowledgeBase | None:  # fmt: skip
+def _from_cache(docs: list[dict[str, Any]], rules_dir: Path, cases_dir: Path, overrides) -> KnowledgeBase | None:
     """The knowledge base from documents that passed every check when they were cached; None
     when one no longer validates (then the files are loaded and checked again)."""
     kb = KnowledgeBase()
-    names = {_kb_name(f, m) for f, m in files}
     for doc in docs:
-        if doc["name"] not in names:
-            return None
         model, base = (Rule, rules_dir) if doc["kind"] == "rule" else (Case, cases_dir)
         try:
             item = model.model_validate(doc["data"])
@@ -333,7 +316,7 @@ def _with_params(kb: KnowledgeBase, overrides) -> KnowledgeBase:
     return kb
 
 
-def _load_files(files: list[tuple[Path, type]], overrides, docs: list[dict[str, Any]]) -> KnowledgeBase:
+def _load_files(files: list[tuple[str, str, Path]], overrides, docs: list[dict[str, Any]]) -> KnowledgeBase:
     """Parse and check every file; raise KbError listing every problem. ``docs`` receives each
     accepted item's document (what the cache keeps)."""
     from ..facts.whatif import known_target
@@ -343,7 +326,8 @@ def _load_files(files: list[tuple[Path, type]], overrides, docs: list[dict[str, 
     kb = KnowledgeBase()
     seen: dict[str, str] = {}
     conditions: dict[str, str] = {}  # what an item matches on -> the item that has it
-    for path, model in files:
+    for kind, name, path in files:
+        model = Rule if kind == "rule" else Case
         p = str(path)
         try:
             data, nodes = read_document(path)
@@ -405,7 +389,7 @@ def _load_files(files: list[tuple[Path, type]], overrides, docs: list[dict[str, 
         conditions[same] = f"{item.id} ({p})"
         entry = Entry(item=item, path=p, nodes=None)  # node trees are only needed while checking
         (kb.rules if isinstance(item, Rule) else kb.cases).append(entry)
-        docs.append({"kind": "rule" if model is Rule else "case", "name": _kb_name(path, model), "data": data})
+        docs.append({"kind": kind, "name": name, "data": data, "row": list_row(item)})
     if problems:
         raise KbError(problems)
     return kb
