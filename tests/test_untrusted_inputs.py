@@ -154,6 +154,10 @@ def test_a_trace_of_device_activity_only_says_so(tmp_path):
     assert any(w.startswith("device activity only: no cpu_op, runtime or annotation events") for w in t.warnings)
     (t,) = hermes_kb.load(_write(tmp_path / "u.json", {"traceEvents": [k, OP]}))
     assert not any("device activity only" in w for w in t.warnings)
+    r = hermes_kb.advise(tmp_path / "t.json")
+    assert r.qualifications == ["device activity only: no host side, no steps (the capture is one window)"]
+    # a host op beside it: not device-only (its lone kernel has no launch call, which is said instead)
+    assert not any("device activity only" in q for q in hermes_kb.advise(tmp_path / "u.json").qualifications)
 
 
 def test_a_capture_from_another_process_is_left_out_of_a_run(tmp_path):
@@ -188,6 +192,8 @@ def test_a_step_of_days_in_a_monitor_log_is_left_out_with_a_warning(tmp_path):
     base = hermes_kb.advise(rec.parent / "fixed")
     got = hermes_kb.advise(tmp_path)
     assert any("rank 0: 1 monitored step(s) over 1,000x the median step left out" in w for w in got.warnings)
+    assert got.qualifications == ["1 monitored step(s) over 1,000x the median left out (rank(s) 0)"]
+    assert base.qualifications == []
     mean = {s.rank: s.mean_step_us for s in got.summary}
     assert 0.9 < mean[0] / next(s.mean_step_us for s in base.summary if s.rank == 0) < 1.1
 
@@ -209,8 +215,10 @@ def test_an_empty_stretched_step_is_left_out_and_named(tmp_path):
     assert r.summary[0].mean_step_us == pytest.approx(100.0)
     assert any("rank 0: step 4 lasted 100.0 ms, over 20x the median of the others (0.1 ms), with little traced work "
                "in it: an empty stretch: left out" in w for w in r.warnings)  # fmt: skip
+    assert r.qualifications == ["1 empty stretched profiler step(s) left out (rank(s) 0)"]  # the headline says it
     busy = hermes_kb.advise(_steps_trace(tmp_path / "u.json", 100_000, busy_last=True))
     assert busy.summary[0].mean_step_us > 20_000 and not any("empty stretch" in w for w in busy.warnings)
+    assert busy.qualifications == []
 
 
 def _gpu_trace(path: Path, n: int, linked: int) -> Path:
@@ -254,10 +262,13 @@ def test_the_same_process_twin_capture_is_told_by_its_time(tmp_path):
     rec = Path(__file__).resolve().parents[1] / "benchmarks/scenarios/recorded/loader_slow_reads"
     run = tmp_path / "run"
     shutil.copytree(rec / "bad", run)
-    assert not any("not a capture" in w for w in hermes_kb.advise(run).warnings)
+    own = hermes_kb.advise(run)
+    assert not any("not a capture" in w for w in own.warnings) and own.qualifications == []
     shutil.copy(rec / "fixed" / "rank0.capture-profile.json.gz", run / "rank0.capture-profile.json.gz")
+    twin = hermes_kb.advise(run)
     assert any("not a capture of this run (it was recorded 7.9 s after the steps the log holds): left out" in w
-               for w in hermes_kb.advise(run).warnings)  # fmt: skip
+               for w in twin.warnings)  # fmt: skip
+    assert twin.qualifications == ["1 capture(s) from another process or run left out"]
 
 
 def test_host_findings_are_lowered_when_no_kernel_has_its_launch_call(tmp_path):
@@ -276,4 +287,15 @@ def test_host_findings_are_lowered_when_no_kernel_has_its_launch_call(tmp_path):
     r = hermes_kb.advise(_write(tmp_path / "t.json", doc))
     cpu = [f for f in r.findings if f.category == "cpu"]
     assert cpu and all(f.severity == "low" and "Lowered: the trace links none of its kernels" in f.assumption for f in cpu)
-    assert not [f for f in hermes_kb.advise(src).findings if "Lowered" in f.assumption]
+    assert r.qualifications == ["rank(s) 0 link no kernel to a launch call: host (CPU) findings there lowered"]
+    clean = hermes_kb.advise(src)
+    assert not [f for f in clean.findings if "Lowered" in f.assumption] and clean.qualifications == []
+    # the headline of every text format carries it, before the breakdown
+    import html
+
+    from hermes_kb.render.html import render_html
+    from hermes_kb.render.report import render_markdown, render_terminal_markup
+
+    for text in (render_terminal_markup(r), render_markdown(r), html.unescape(render_html(r))):
+        at = text.index("Less sure:")
+        assert "link no kernel to a launch call" in text[at:at + 200] and at < text.index("Where the step goes")

@@ -251,6 +251,10 @@ class Report(BaseModel):
         default_factory=list, description="informational lines, not problems (a monitor RUN_DIR): the monitor's "
         "automatic captures and their reasons, triggers it did not capture and why, how MFU's FLOPs and peak were "
         "obtained or why there is no MFU, the communication domains found")
+    qualifications: list[str] = Field(
+        default_factory=list, description="what the answer left out or is less sure of, one short phrase each, shown "
+        "in the headline (the warnings say more): inputs not read, captures of another run, empty stretched or "
+        "outlier steps left out, a device-only trace, ranks whose kernels link to no launch call")
     slow_ranks: list[SlowRank] = Field(default_factory=list, description="the slow rank of each communication "
                                        "domain, where a fact found one (CLI: html, json)")  # fmt: skip
 

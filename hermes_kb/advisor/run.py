@@ -22,11 +22,13 @@ from ..kb.loader import KnowledgeBase
 from ..trace import TraceBundle, load
 from ..trace.bundle import platform_of
 from .diagnose import diagnose
-from .findings import evidence_by_rank, whatif_targets
+from .findings import evidence_by_rank, unlinked_ranks, whatif_targets
 from .knowledge import knowledge_base
 from .on_demand import replay_needed
+from .qualify import qualifications
 from .report import EvidenceItem, Inputs, KbInfo, RankSummary, Report, SampleInfo
 from .summary import phases_summary, rank_summaries
+from .whatif_index import whatif_index
 
 Stage = Callable[[str], None]
 
@@ -62,6 +64,7 @@ class Analysed:
     notes: list[str] = field(default_factory=list)  # informational lines (Report.notes)
     bundle: TraceBundle | None = None
     run: Any = None
+    left_out: int = 0  # a RUN_DIR's captures that were not of its run
 
 
 def _advised(a: Analysed, kb: KnowledgeBase, *, engine: EngineName, top: int | None, rank: int | None,
@@ -84,6 +87,8 @@ def _advised(a: Analysed, kb: KnowledgeBase, *, engine: EngineName, top: int | N
         kb=KbInfo(rules=len(kb.active_rules()), cases=len(kb.active_cases()), engine=inf.engine),
         warnings=a.warnings,
         notes=a.notes,
+        qualifications=qualifications(a.facts, a.warnings, skipped=len(a.inputs.skipped), left_out=a.left_out,
+                                      unlinked=unlinked_ranks(whatif_index(inf, kb))),
     )
     rank_evidence = evidence_by_rank(inf, kb, a.platform, [f.case_id for f in findings])
     return Advised(report=report, facts=facts, bundle=a.bundle, run=a.run, rank_evidence=rank_evidence)
@@ -150,6 +155,7 @@ def advise_run_dir_full(run_dir: str | os.PathLike, *, config=None, engine: Engi
         notes=ra.notes,
         bundle=ra.bundle,
         run=ra.run,
+        left_out=len(ra.left_out),
     )
     return _advised(analysed, kb, engine=engine, top=top, rank=rank, stage=stage)
 

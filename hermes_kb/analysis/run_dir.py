@@ -27,6 +27,7 @@ class RunAnalysis:
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # informational: what the monitor did (Report.notes)
     replay: dict = field(default_factory=dict)  # rank -> analysis.ReplayState of the captures
+    left_out: list[str] = field(default_factory=list)  # captures not of this run (foreign_captures)
 
 
 def as_run_dir(paths) -> Path | None:
@@ -52,11 +53,13 @@ def analyze_run_dir(run_dir: str | os.PathLike, *, max_workers: int | None = Non
     facts = monitor_facts(run)
     bundle = None
     replay: dict = {}
+    left_out: list[str] = []
     newest = [ps[-1] for _, ps in sorted(run.captures.items())]
     if newest:
         try:
             bundle = load([str(p) for p in newest], max_workers=max_workers)
-            warnings += foreign_captures(bundle, run)
+            left_out = foreign_captures(bundle, run)
+            warnings += left_out
             if bundle.ranks:
                 merge_monitor_env(bundle, run)
                 trace_facts, replay = analyze_with_replay(bundle, max_workers=max_workers)
@@ -88,7 +91,8 @@ def analyze_run_dir(run_dir: str | os.PathLike, *, max_workers: int | None = Non
     monitor_warnings, notes = warnings_and_notes(run)
     warnings += monitor_warnings
     warnings = list(dict.fromkeys(warnings))  # each warning once
-    return RunAnalysis(run=run, facts=facts, bundle=bundle, warnings=warnings, notes=notes, replay=replay)
+    return RunAnalysis(run=run, facts=facts, bundle=bundle, warnings=warnings, notes=notes, replay=replay,
+                       left_out=left_out)
 
 
 def foreign_captures(bundle: TraceBundle, run: RunLog) -> list[str]:

@@ -357,10 +357,10 @@ def parse_kineto(path: str, raw: bytes | None = None, split: bool = True) -> tup
         linked = int(links.loc[links["gpu_kind"].astype(str).to_numpy() == "kernel", "gpu_idx"].nunique()) if len(links) else 0
         if linked < LINKED_SHARE * len(kernels):
             what = "no runtime events" if not len(runtime) else "correlations that match no runtime call"
-            warnings.append(f"{linked:,} of {len(kernels):,} kernels have a launch call in the trace ({what}): "
+            warnings.append(f"{linked:,} of {len(kernels):,} {UNLINKED_KERNELS} ({what}): "
                             "launch, dispatch and host-gap causes cannot be read from it")  # fmt: skip
     if not (len(cpu_ops) or len(runtime) or len(annotations)) and (len(kernels) or len(memcpy)):
-        warnings.append("device activity only: no cpu_op, runtime or annotation events, so no step marks and no host "
+        warnings.append(f"{DEVICE_ONLY}: no cpu_op, runtime or annotation events, so no step marks and no host "
                         "side; the whole capture is one window, and launch, dispatch, data and Python causes cannot be "
                         "seen (profile with ProfilerActivity.CPU as well)")  # fmt: skip
     meta = _meta(doc, b.meta_events, path)
@@ -389,6 +389,9 @@ def parse_kineto(path: str, raw: bytes | None = None, split: bool = True) -> tup
 # a trace whose kernels mostly have no launch call lost its runtime events (or its correlations):
 # the real traces link 69-100% of theirs (a capture cut mid-step leaves some unlinked)
 MIN_KERNELS_LINKED = 20
+# the words of the two warnings the report's headline qualifies its answer with (advisor/qualify.py)
+UNLINKED_KERNELS = "kernels have a launch call in the trace"
+DEVICE_ONLY = "device activity only"
 LINKED_SHARE = 0.5
 
 
