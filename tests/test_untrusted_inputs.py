@@ -299,3 +299,31 @@ def test_host_findings_are_lowered_when_no_kernel_has_its_launch_call(tmp_path):
     for text in (render_terminal_markup(r), render_markdown(r), html.unescape(render_html(r))):
         at = text.index("Less sure:")
         assert "link no kernel to a launch call" in text[at:at + 200] and at < text.index("Where the step goes")
+
+
+def test_host_findings_are_lowered_one_level_when_most_kernels_have_no_launch_call(tmp_path):
+    # issue 37: a partly linked trace (the recorded gpu_launch_bound capture with 70% of its launch
+    # calls and flows removed) was warned about but its host findings kept their severity
+    import gzip
+
+    src = Path(__file__).resolve().parents[1] / "benchmarks/scenarios/recorded/gpu_launch_bound/bad/rank0.capture-profile.json.gz"
+    doc = json.loads(gzip.decompress(src.read_bytes()))
+
+    def keep(e):
+        if e.get("cat") in ("cuda_runtime", "cuda_driver"):
+            c = (e.get("args") or {}).get("correlation")
+            return c is None or c % 10 < 3
+        return e.get("cat") != "ac2g" or (isinstance(e.get("id"), int) and e["id"] % 10 < 3)
+
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if keep(e)]
+    damaged = hermes_kb.advise(_write(tmp_path / "t.json", doc))
+    original = hermes_kb.advise(src)
+    ratios = {round(f.linked_ratio, 2) for f in hermes_kb.analyze(tmp_path / "t.json") if f.kind == "whatif"}
+    assert ratios == {0.31}  # 462 of 1,512 kernels keep their launch call (the reader's warning says so too)
+    before = {f.case_id: f.severity for f in original.findings if f.category == "cpu"}
+    after = {f.case_id: f for f in damaged.findings if f.category == "cpu"}
+    assert before["C-CPU-001"] == "high" and after["C-CPU-001"].severity == "medium"
+    assert "Lowered one level: the trace links fewer than 50% of the rank's device work" in after["C-CPU-001"].assumption
+    assert damaged.qualifications == ["rank(s) 0 link fewer than half of their kernels to a launch call: host (CPU) "
+                                      "findings there lowered one level"]  # fmt: skip
+    assert original.qualifications == []

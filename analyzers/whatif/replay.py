@@ -488,6 +488,8 @@ def per_rank(ctx: RankContext) -> list[Fact]:
     # without launch links (a trace recorded without runtime calls) the device's dependence on the
     # host is guessed, so the replay is not trusted for the gains (the advisor falls back)
     linked = bool(g.edges.get("launch")) or len(g.start) == g.n_host
+    n_device = len(g.start) - g.n_host
+    linked_ratio = min(1.0, g.edges.get("launch", 0) / n_device) if n_device > 0 else 1.0
     amounts: dict[str, np.ndarray] = {}
     for name in sorted(sets):
         r = node_amounts(g, sets[name], nK)
@@ -516,7 +518,8 @@ def per_rank(ctx: RankContext) -> list[Fact]:
             own_us=own, critical_us=min(crit, own), step_us=step_us, replay_base_us=base, profiler_host_scale=h,
             # the bound, where the set is not replayed
             removed_half_us=0.5 * crit, removed_all_us=crit, removed_all_ratio=min(1.0, crit / step_us) if step_us > 0 else 0.0,
-            nodes_count=int(len(nodes)), critical_overlaps_us=overlaps, linked=linked, replayed=False,
+            nodes_count=int(len(nodes)), critical_overlaps_us=overlaps, linked=linked, linked_ratio=linked_ratio,
+            replayed=False,
             launch_host_us=float(r[: g.n_host].sum()) if s.launches and not len(s.host_start) else 0.0,
             evidence=Evidence(
                 time_ranges_us=[(float(g.start[i]), float(g.end[i])) for i in top[:3]],

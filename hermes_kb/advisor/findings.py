@@ -16,6 +16,7 @@ from ..facts.base import Fact
 from ..kb.matches import Inference, Match
 from ..kb.loader import KnowledgeBase
 from ..kb.models import Case
+from ..trace.kineto.reader import LINKED_SHARE
 from .calibration import Calibrated, Calibration, calibrate
 from .calibration import load as load_calibration
 from .explain import explain
@@ -43,6 +44,16 @@ def unlinked_ranks(whatif: dict) -> set:
         return set()
     have = {r for r, t in whatif if t != "*linked"}
     return have - {r for r, t in whatif if t == "*linked"}
+
+
+def partly_linked_ranks(whatif: dict) -> set:
+    """Ranks whose graph links some of their device work to launch calls but less than
+    LINKED_SHARE of it (the reader warns of the same): the host's side is read from a minority
+    of the kernels. Not known for a streamed job."""
+    if not isinstance(whatif, dict):
+        return set()
+    low = {r for (r, t), f in whatif.items() if t != "*linked" and float(f.get("linked_ratio", 1.0)) < LINKED_SHARE}
+    return low - unlinked_ranks(whatif)
 
 def severity_of(share: float) -> str:
     return "high" if share >= HIGH_SHARE else "medium" if share >= MEDIUM_SHARE else "low"
@@ -139,6 +150,7 @@ def findings_and_plans(inf: Inference, kb: KnowledgeBase, platform: str) -> tupl
     bds = breakdowns(inf.facts)
     by_case = considered(inf, cases, platform)
     unlinked = unlinked_ranks(whatif)
+    partly = partly_linked_ranks(whatif)
     findings: list[Finding] = []
     plans: dict[str, list[MatchGain]] = {}
     cal = load_calibration()
@@ -172,6 +184,12 @@ def findings_and_plans(inf: Inference, kb: KnowledgeBase, platform: str) -> tupl
             severity = "low" if SEVERITY_ORDER[severity] > SEVERITY_ORDER["low"] else severity
             unlinked_note = (" Lowered: the trace links none of its kernels to a launch call (runtime events missing "
                              "or correlations pointing nowhere), so the host's share of the device's time is a guess.")
+        elif case.category == "cpu" and ranks and all(r in partly for r in ranks):
+            # most of them: the host's share is read from the minority of kernels that are linked
+            severity = {"high": "medium", "medium": "low"}.get(severity, severity)
+            unlinked_note = (f" Lowered one level: the trace links fewer than {LINKED_SHARE:.0%} of the rank's device "
+                             "work to a launch call (runtime events partly missing, or correlations pointing nowhere), "
+                             "so the host's share of the device's time is read from a minority of the kernels.")
         typical = min(gains, key=lambda g: abs(g.per_step(g.hi) - rm_hi))
         window = (f" The amounts below are over the {typical.per} analysed steps; per step they are 1/{typical.per} of that."
                   if typical.per > 1 else "")  # fmt: skip

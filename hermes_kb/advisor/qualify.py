@@ -18,7 +18,7 @@ def _ranks(ranks) -> str:
 
 
 def qualifications(facts: Sequence[Fact], warnings: Sequence[str], *, skipped: int = 0, left_out: int = 0,
-                   unlinked: set | frozenset = frozenset()) -> list[str]:  # fmt: skip
+                   unlinked: set | frozenset = frozenset(), partly: set | frozenset = frozenset()) -> list[str]:  # fmt: skip
     out = []
     if skipped:
         out.append(f"{skipped} input file(s) could not be read and are not counted")
@@ -37,7 +37,10 @@ def qualifications(facts: Sequence[Fact], warnings: Sequence[str], *, skipped: i
         out.append("device activity only: no host side, no steps (the capture is one window)")
     if unlinked:
         out.append(f"rank(s) {_ranks(unlinked)} link no kernel to a launch call: host (CPU) findings there lowered")
-    elif any(UNLINKED_KERNELS in w for w in warnings):
+    if partly:
+        out.append(f"rank(s) {_ranks(partly)} link fewer than half of their kernels to a launch call: host (CPU) "
+                   "findings there lowered one level")
+    if not (unlinked or partly) and any(UNLINKED_KERNELS in w for w in warnings):
         out.append("most kernels have no launch call in the trace: launch, dispatch and host-gap causes less sure")
     return out
 

@@ -22,7 +22,7 @@ from ..kb.loader import KnowledgeBase
 from ..trace import TraceBundle, load
 from ..trace.bundle import platform_of
 from .diagnose import diagnose
-from .findings import evidence_by_rank, unlinked_ranks, whatif_targets
+from .findings import evidence_by_rank, partly_linked_ranks, unlinked_ranks, whatif_targets
 from .knowledge import knowledge_base
 from .on_demand import replay_needed
 from .qualify import qualifications
@@ -88,7 +88,7 @@ def _advised(a: Analysed, kb: KnowledgeBase, *, engine: EngineName, top: int | N
         warnings=a.warnings,
         notes=a.notes,
         qualifications=qualifications(a.facts, a.warnings, skipped=len(a.inputs.skipped), left_out=a.left_out,
-                                      unlinked=unlinked_ranks(whatif_index(inf, kb))),
+                                      unlinked=unlinked_ranks(wi := whatif_index(inf, kb)), partly=partly_linked_ranks(wi)),
     )
     rank_evidence = evidence_by_rank(inf, kb, a.platform, [f.case_id for f in findings])
     return Advised(report=report, facts=facts, bundle=a.bundle, run=a.run, rank_evidence=rank_evidence)

@@ -60,6 +60,8 @@ class WhatIf(Fact):
     replayed: bool = Field(default=True, description="false: the set's critical time is under 2% of the span; "
                            "removed_* are then that bound, not a replay")
     linked: bool = Field(default=True, description="the graph links device work to its launches (the replay is trusted)")
+    linked_ratio: float = ratio("share of the rank's device nodes the graph links to a launch call (1 without device "
+                                "work); under the reader's LINKED_SHARE the host's causes are less sure", default=1.0)
     critical_overlaps_us: dict[str, float] = Field(
         default_factory=dict, description="other sets of the rank: µs of critical-path time this set shares with each"
     )
