@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from ..analysis.run import empty_stretches
 from ..facts import Fact
 from ..trace.kineto.reader import DEVICE_ONLY, UNLINKED_KERNELS
 
@@ -24,10 +25,7 @@ def qualifications(facts: Sequence[Fact], warnings: Sequence[str], *, skipped: i
         out.append(f"{skipped} input file(s) could not be read and are not counted")
     if left_out:
         out.append(f"{left_out} capture(s) from another process or run left out")
-    stretched = Counter()
-    for f in facts:
-        if f.kind == "step_structure" and "empty stretch" in (getattr(f, "excluded_reason", None) or ""):
-            stretched[f.rank] += sum("empty stretch" in p for p in f.excluded_reason.split("; "))
+    stretched = Counter(rank for rank, _ in empty_stretches(facts))
     if stretched:
         out.append(f"{sum(stretched.values())} empty stretched profiler step(s) left out (rank(s) {_ranks(stretched)})")
     outliers = {f.rank: f.outlier_steps_count for f in facts if f.kind == "monitor_steps" and f.outlier_steps_count}

@@ -4,6 +4,7 @@ are several ranks and cores), then the job through the cross-rank ones."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from ..core.cpus import usable_cpus
@@ -72,12 +73,17 @@ def analyze_with_replay(bundle: TraceBundle, *, max_workers: int | None = None,
     return facts, replay
 
 
-def excluded_step_warnings(facts: list[Fact]) -> list[str]:
-    """The steps a rank's analysis left out as empty stretches (analyzers/timeline/steps.py), named."""
+def empty_stretches(facts: Sequence[Fact]) -> list[tuple[Any, str]]:
+    """(rank, why) of each step a rank's analysis left out as an empty stretch
+    (analyzers/timeline/steps.py)."""
     out = []
     for f in facts:
-        if f.kind == "step_structure" and getattr(f, "excluded_reason", None) and "empty stretch" in f.excluded_reason:
-            parts = [p for p in f.excluded_reason.split("; ") if "empty stretch" in p]
-            out += [f"rank {f.rank}: {p}: left out" for p in parts]
+        if f.kind == "step_structure" and "empty stretch" in (getattr(f, "excluded_reason", None) or ""):
+            out += [(f.rank, p) for p in f.excluded_reason.split("; ") if "empty stretch" in p]
     return out
+
+
+def excluded_step_warnings(facts: Sequence[Fact]) -> list[str]:
+    """The steps a rank's analysis left out as empty stretches, named."""
+    return [f"rank {rank}: {why}: left out" for rank, why in empty_stretches(facts)]
 

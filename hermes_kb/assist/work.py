@@ -153,23 +153,15 @@ def explain(case_id: str, paths: list[str]) -> dict:
     """Why a case (or rule) did or did not fire: each condition with how many facts met it and
     the values seen (``hermes kb explain``)."""
     from ..advisor.knowledge import knowledge_base
-    from ..kb.explain import explain as kb_explain
+    from ..kb.explain import explain_record
 
     kb = knowledge_base()
     if kb.by_id(case_id) is None:
         raise UsageError(f"no rule or case {case_id!r} (kb_search lists them)")
     all_facts, warnings = analysed_facts(paths)
-    text = kb_explain(kb, case_id, all_facts)
-    lines = text.splitlines()
-    conditions = []
-    for line in lines[1:]:
-        m = re.match(r"\s+(.*): (\d+)/(\d+) pass\s+\[seen (.*)\]$", line)
-        if m:
-            conditions.append({"condition": m.group(1), "held": int(m.group(2)) > 0, "passing": int(m.group(2)),
-                               "candidates": int(m.group(3)), "seen": m.group(4)})  # fmt: skip
-    verdict = next((line[3:] for line in lines if line.startswith("=> ")), "")
-    return {"case_id": case_id, "fires": " FIRES " in f" {verdict} ", "verdict": verdict, "conditions": conditions,
-            "text": lines, "warnings": warnings}  # fmt: skip
+    rec = explain_record(kb, case_id, all_facts)
+    return {"case_id": case_id, "fires": rec["fires"], "verdict": rec["verdict"], "conditions": rec["conditions"],
+            "text": rec["text"], "warnings": warnings}  # fmt: skip
 
 
 def _whatif_fact(facts_: list[Fact], rank: int, target: str) -> Fact | None:

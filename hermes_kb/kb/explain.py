@@ -28,6 +28,12 @@ def _leaf_text(leaf: NLeaf, params: Mapping[str, Any]) -> str:
 
 
 def explain(kb: KnowledgeBase, item_id: str, facts: list[Fact]) -> str:
+    return "\n".join(explain_record(kb, item_id, facts)["text"])
+
+
+def explain_record(kb: KnowledgeBase, item_id: str, facts: list[Fact]) -> dict[str, Any]:
+    """``explain`` as data: its text lines, each local condition (how many candidates passed,
+    the values seen), whether the item fires and the verdict line."""
     entry = kb.by_id(item_id)
     assert entry is not None
     item = entry.item
@@ -44,6 +50,7 @@ def explain(kb: KnowledgeBase, item_id: str, facts: list[Fact]) -> str:
     params = {k: sanitize_number(v) for k, v in kb.params[item_id].items()}
     patterns = compile_patterns(item.when if is_rule else item.conditions)
     by_kind = facts_by_kind(flat)
+    conditions: list[dict[str, Any]] = []
     for p in patterns:
         cands = by_kind.get(p.kind, [])
         head = f"- pattern {p.name}: {'no ' if p.absent else ''}fact '{p.kind}'"
@@ -58,6 +65,8 @@ def explain(kb: KnowledgeBase, item_id: str, facts: list[Fact]) -> str:
             passing = [c for c in cands if compare(c.get(leaf.field), leaf.op, rhs)]
             seen = ", ".join(f"{_scope(c)}: {c.get(leaf.field)!r}" for c in cands[:4]) + (" ..." if len(cands) > 4 else "")
             lines.append(f"    {_leaf_text(leaf, params)}: {len(passing)}/{len(cands)} pass  [seen {seen or 'nothing'}]")
+            conditions.append({"condition": _leaf_text(leaf, params), "held": bool(passing), "passing": len(passing),
+                               "candidates": len(cands), "seen": seen or "nothing"})  # fmt: skip
         whole = [c for c in cands if evaluate(p.where, c, params, {})] if not any(
             lf.ref for lf in leaves(p.where)
         ) else None  # fmt: skip
@@ -68,4 +77,4 @@ def explain(kb: KnowledgeBase, item_id: str, facts: list[Fact]) -> str:
     lines.append(f"=> {item_id} {verdict} on this trace")
     for m in matches[:5]:
         lines.append("   " + "; ".join(f"{k}: {v.get('kind')} ({_scope(v)})" for k, v in m.items()))
-    return "\n".join(lines)
+    return {"text": lines, "conditions": conditions, "fires": bool(matches), "verdict": f"{item_id} {verdict} on this trace"}
