@@ -92,7 +92,11 @@ def build_model(g: Graph, windows, main_tid: int) -> SimModel:
     lag = np.where(has_l, st - st[np.clip(launch, 0, None)], 0.0)
     prev_end = np.where(lane_prev >= 0, en[np.clip(lane_prev, 0, None)], -np.inf)
     lts = np.where(np.isnan(g.launch_ts), st, g.launch_ts)
-    queued = has_l & (prev_end > lts)
+    # held back by its stream or by the event of another stream it waited for (a kernel after a
+    # collective on another stream): not released by its launch, so its lag after the launch
+    # is not the launch latency
+    x_end = np.where((~host) & (xstart >= 0), en[np.clip(xstart, 0, None)], -np.inf)
+    queued = has_l & (np.maximum(prev_end, x_end) > lts)
     free = has_l & ~queued & (lag >= 0)
     med = float(np.median(lag[free])) if free.any() else 5.0
     launch_off = np.where(queued, np.minimum(np.maximum(lag, 0.0), med), np.maximum(lag, 0.0))
@@ -561,6 +565,14 @@ def removed_together(m: SimModel, parts: list[tuple[np.ndarray, float, bool]]) -
     """µs the analysed steps lose when several sets shrink at once, each by its fraction: fixes
     acting on the same events compound (the second removes its share of what the first left),
     so no event's time is counted twice."""
+    shrink, drop = together(m, parts)
+    S, E = replay(m, shrink, drop)
+    return baseline_time(m) - analysed_time(m, S, E)
+
+
+def together(m: SimModel, parts: list[tuple[np.ndarray, float, bool]]) -> tuple[np.ndarray, np.ndarray | None]:
+    """The µs each node loses, and the waits dropped, with several sets shortened at once
+    (``removed_together``)."""
     own = m.own
     remain = np.ones(m.n)
     drop = np.zeros(m.n, dtype=bool)
@@ -572,5 +584,4 @@ def removed_together(m: SimModel, parts: list[tuple[np.ndarray, float, bool]]) -
         else:
             frac = np.where(own > 0, np.minimum(r * f / np.where(own > 0, own, 1.0), 1.0), 0.0)
         remain *= 1.0 - frac
-    S, E = replay(m, own * (1.0 - remain), drop if drop.any() else None)
-    return baseline_time(m) - analysed_time(m, S, E)
+    return own * (1.0 - remain), (drop if drop.any() else None)
