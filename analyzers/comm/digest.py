@@ -10,6 +10,7 @@ clock until ``shifted`` puts them on the job's common origin.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import pandas as pd
 
@@ -27,6 +28,7 @@ class RankDigest:
     collectives: pd.DataFrame  # COLLECTIVE_COLUMNS, one row per collective issued in an analysed step
     components: pd.DataFrame | None  # parallel.rank_components; None without analysed steps
     device_compute: bool  # parallel.has_device_compute
+    job_forms: Any = None  # whatif.job_forms.RankForms: the rank's replay with its collectives' ends free
 
     def shifted(self, delta_us: float) -> RankDigest:
         """The same digest with every absolute time moved by ``delta_us`` (as TraceBundle's
@@ -40,7 +42,8 @@ class RankDigest:
         windows = [StepWindow(w.step, w.start_us + delta_us, w.end_us + delta_us, w.cpu_end_us + delta_us)
                    for w in self.windows]  # fmt: skip
         span = (self.span[0] + delta_us, self.span[1] + delta_us)
-        return replace(self, windows=windows, span=span, collectives=coll)
+        forms = self.job_forms.moved(delta_us) if self.job_forms is not None else None
+        return replace(self, windows=windows, span=span, collectives=coll, job_forms=forms)
 
 
 def digest_of(ctx: RankContext) -> RankDigest:
@@ -58,6 +61,7 @@ def digest_of(ctx: RankContext) -> RankDigest:
         collectives=coll,
         components=rank_components(ctx) if ctx.windows else None,
         device_compute=has_device_compute(ctx),
+        job_forms=ctx.shared.get("job_forms"),
     )
 
 

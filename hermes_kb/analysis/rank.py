@@ -37,14 +37,17 @@ def _entry(a: registry.Analyzer, attr: str, rank: int | None) -> Callable | Anal
         return _error(a.name, rank, exc)
 
 
-def analyze_rank(trace: RankTrace, *, defer_replays: bool = False) -> tuple[RankContext, list[Fact]]:
+def analyze_rank(trace: RankTrace, *, defer_replays: bool = False, alone: bool = False) -> tuple[RankContext, list[Fact]]:
     """The rank's facts in the registry's order. ``defer_replays``: the what-if facts carry their
     critical-path bounds and the replays wait for the advisor to name the sets it needs
-    (advisor/on_demand.py)."""
+    (advisor/on_demand.py). ``alone``: no other rank is analysed with it, so its part of the job
+    graph (whatif/job_forms.py) is not needed."""
     registry.checked()
     ctx, facts = step_context(trace)
     if defer_replays:
         ctx.shared["whatif_defer"] = True
+    if alone:
+        ctx.shared["job_alone"] = True
     for a in registry.PER_RANK:
         fn = _entry(a, "per_rank", ctx.rank)
         if isinstance(fn, AnalyzerError):

@@ -23,7 +23,7 @@ from types import ModuleType
 PACKAGE = "hermes_kb.analyzers"
 
 # keys the runner itself puts into ctx.shared before the first analyzer
-RUNNER_GIVES = frozenset({"whatif_defer"})
+RUNNER_GIVES = frozenset({"whatif_defer", "job_alone"})
 
 
 @dataclass(frozen=True)
@@ -67,11 +67,15 @@ PER_RANK: tuple[Analyzer, ...] = (
     # replays the graph with each registered set shortened
     _a("whatif", "whatif.replay", reads="graph main_tid whatif_sets whatif_defer",
        gives="whatif_model whatif_host_scale whatif_chain whatif_amounts whatif_drops whatif_critical"),
+    # the rank's part of the job graph: its replay with every collective's end left free
+    _a("job_forms", "whatif.job_forms", reads="graph whatif_model comm_collectives job_alone", gives="job_anchors job_forms job_steps"),
 )
 CROSS_RANK: tuple[Analyzer, ...] = (
     _a("comm", "comm.comm"),
     _a("parallel", "comm.parallel"),
     _a("fluctuation", "timeline.fluctuation"),
+    # the ranks joined at their collectives: the job's replay and its straggler counterfactuals
+    _a("job", "whatif.job"),
 )
 # the kinds of per-rank facts the cross-rank analyzers read (besides the ranks' digests): a
 # streamed job hands them only these (scale/stream.py gather)

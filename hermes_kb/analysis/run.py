@@ -61,7 +61,7 @@ def analyze_with_replay(bundle: TraceBundle, *, max_workers: int | None = None,
             else:
                 results[i][0].trace = bundle[r]
     else:  # one rank, one core, or a process where forking is not safe (other threads running)
-        results = [analyze_rank(bundle[r], defer_replays=defer_replays) for r in ranks]
+        results = [analyze_rank(bundle[r], defer_replays=defer_replays, alone=len(ranks) == 1) for r in ranks]
     contexts = {r: ctx for r, (ctx, _) in zip(ranks, results)}
     facts: list[Fact] = [f for _, fs in results for f in fs]
     facts.extend(analyze_cross_rank(contexts, facts))

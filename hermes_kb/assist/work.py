@@ -186,7 +186,7 @@ def whatif(paths: list[str], rank: int | None = None, target: str | None = None,
     rank = bundle.rank_ids[0] if rank is None else rank
     if rank not in bundle.rank_ids:
         raise UsageError(f"no rank {rank} in the input (ranks: {', '.join(map(str, bundle.rank_ids))})")
-    ctx, rank_facts = analyze_rank(bundle[rank])  # replays as `hermes analyze` does, every set eagerly
+    ctx, rank_facts = analyze_rank(bundle[rank], alone=True)  # replays as `hermes analyze` does, every set eagerly
     state = replay_state(ctx.shared, with_deferral=False)
     sets = sorted(f.target for f in rank_facts if f.kind == "whatif")
     if state is None:

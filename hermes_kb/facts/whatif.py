@@ -65,3 +65,45 @@ class WhatIf(Fact):
     critical_overlaps_us: dict[str, float] = Field(
         default_factory=dict, description="other sets of the rank: µs of critical-path time this set shares with each"
     )
+
+
+class JobReplay(Fact):
+    """The job's ranks joined at their matched collectives (analyzers/whatif/job.py): the joined
+    replay against the recording, the slowest rank's cost to the job, and who holds the
+    collectives (job-wide: rank null; amounts per analysed step)."""
+
+    kind: Literal["job_replay"] = "job_replay"
+    ranks_count: int = measure("count", "ranks joined")
+    chain_ranks_count: int = measure(
+        "count", "of them, ranks without a replay graph, joined as their collectives in series", default=0)
+    instances_count: int = measure("count", "collective instances matched on every present member")
+    unmatched_count: int = measure("count", "collectives left out: not seen on every present member", default=0)
+    steps_count: int = measure("count", "analysed steps the amounts are divided by")
+    recorded_step_us: float = us("the median rank's analysed span per step, as recorded")
+    modelled_step_us: float = us(
+        "the job's step in the join, the analysed steps repeated until the job settles (what every job-level gain "
+        "is measured against)")
+    model_error: float = measure("factor", "(modelled - recorded) / recorded, signed: how far the join's step is from "
+                                 "the recorded one on this job")
+    free_running_us: dict[int, float] = us(
+        "per rank (10 slowest): its span per step had it never waited for a peer", default_factory=dict)
+    slowest_rank: int = Field(description="the rank with the longest free-running span")
+    slowest_free_us: float = us("its free-running span per step")
+    median_free_us: float = us("the median rank's free-running span per step")
+    straggler_cost_us: float = us(
+        "per step: how much shorter the job's step gets with the slowest rank at the median rank's pace")
+    straggler_cost_ratio: float = ratio("straggler_cost_us / modelled_step_us")
+    gpu_hours_per_1000_steps: float = measure(
+        "hours", "straggler_cost_us x ranks x 1000 steps, in device-hours: what the straggler costs the job")
+    holders_count: dict[int, int] = measure(
+        "count", "per rank (10 most): collective instances it arrived at last (it held the others)",
+        default_factory=dict)
+    top_holder_rank: int = Field(description="the rank that arrived last most often")
+    top_holder_share_ratio: float = ratio("share of the instances it held")
+    holding_stage: int | None = measure(
+        "count", "pipeline-parallel jobs: the stage whose ranks held the most instances", default=None)
+    stage_free_us: dict[int, float] = us(
+        "pipeline-parallel jobs: per stage, its slowest rank's free-running span per step", default_factory=dict)
+    stage_balance_gain_us: float | None = us(
+        "pipeline-parallel jobs: per step, the job's gain with the slowest stage at the median stage's pace",
+        default=None)
