@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 
+from ..analysis.job import JobState, job_removed
 from ..analysis.replay import removed_together
 from .calibration import calibrate
 from .calibration import load as load_calibration
@@ -21,7 +22,7 @@ MIN_LEFT_SHARE = 0.05
 
 
 def combined_gain(findings: list[Finding], plans: dict[str, list[MatchGain]], replay: dict,
-                  bds: dict, top: int = 3) -> CombinedGain | None:  # fmt: skip
+                  bds: dict, top: int = 3, job: JobState | None = None) -> CombinedGain | None:  # fmt: skip
     """The gain of applying the first ``top`` fixes together, per rank replayed with all their
     sets shortened at once (no event counted twice), then the median over ranks; findings without a
     replay add their removable time one for one. Never more than the critical-path time of the
@@ -32,6 +33,9 @@ def combined_gain(findings: list[Finding], plans: dict[str, list[MatchGain]], re
         return None
     ranks = sorted({g.rank for f in chosen for g in plans.get(f.case_id, [])}, key=lambda r: (r is None, r))
     per_rank: list[tuple[float, float, float]] = []
+    job_parts: tuple[dict, dict] = ({}, {})
+    job_extra: list[tuple[float, float]] = []
+    cap_shares: list[float] = []
     for r in ranks:
         mine = [(f, next((g for g in plans.get(f.case_id, []) if g.rank == r), None)) for f in chosen]
         mine = [(f, g) for f, g in mine if g is not None]
@@ -53,6 +57,10 @@ def combined_gain(findings: list[Finding], plans: dict[str, list[MatchGain]], re
             parts_hi.append((amounts, g.phi[1], drops))
             lo, hi = lo + g.per_step(g.extra[0]), hi + g.per_step(g.extra[1])
             per = g.per
+        if job is not None and r in job.forms:
+            job_extra.append((lo, hi))
+            if parts_hi:
+                job_parts[0][r], job_parts[1][r] = parts_lo, parts_hi
         if parts_hi:
             lo += max(0.0, removed_together(state.model, parts_lo)) / per
             hi += max(0.0, removed_together(state.model, parts_hi)) / per
@@ -63,6 +71,7 @@ def combined_gain(findings: list[Finding], plans: dict[str, list[MatchGain]], re
                 comps.add("compute")
             cap = t * sum(float(bd.get(f"{c}_ratio") or 0.0) for c in comps)
             lo, hi = min(lo, cap), min(hi, cap)
+            cap_shares.append(cap / t if t > 0 else 1.0)
         hi = min(hi, (1.0 - MIN_LEFT_SHARE) * t)
         per_rank.append((t, min(lo, hi), hi))
     if not per_rank:
@@ -70,10 +79,25 @@ def combined_gain(findings: list[Finding], plans: dict[str, list[MatchGain]], re
     t = statistics.median(x[0] for x in per_rank)
     lo = statistics.median(x[1] for x in per_rank)
     hi = statistics.median(x[2] for x in per_rank)
+    where = "on each rank's dependency graph"
+    how = "median over ranks"
+    if job is not None and job_parts[1]:
+        # the job: every rank's sets shortened at once, the ranks joined at their collectives
+        t = job.step_us
+        lo = max(0.0, job_removed(job, job_parts[0])) / job.steps + statistics.median(x[0] for x in job_extra)
+        hi = max(0.0, job_removed(job, job_parts[1])) / job.steps + statistics.median(x[1] for x in job_extra)
+        # the components' bound is read off the ranks' own breakdowns, which count their waits for
+        # peers as communication; together the fixes still remove at least what the best one does
+        best = max((f.job.removable_us.high for f in chosen if f.job is not None), default=0.0)
+        cap = max(statistics.median(cap_shares) * t if cap_shares else t, best)
+        hi = min(hi, cap, (1.0 - MIN_LEFT_SHARE) * t)
+        lo = min(lo, hi)
+        where = f"on each rank's dependency graph, the {len(job.job.ranks)} ranks joined at their collectives"
+        how = "the job's step in the join (docs/advice.md#job-level-gains)"
     speedup = Speedup(low=round(t / max(t - lo, 1e-9), 3), high=round(t / max(t - hi, 1e-9), 3))
     removable = Removable(low=round(lo, 3), high=round(hi, 3))
-    note = ("the fixes applied together, replayed at once on each rank's dependency graph (an event two fixes act "
-            "on is shortened once, the second fix taking its share of what the first left), median over ranks; "
+    note = (f"the fixes applied together, replayed at once {where} (an event two fixes act "
+            f"on is shortened once, the second fix taking its share of what the first left), {how}; "
             "fixes without a replay add their removable time; bounded by the critical-path time of the "
             "components they act on, and leaving at least 5% of the step")
     stated = calibrate(speedup.low, speedup.high, load_calibration())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..analysis.job import job_state
 from ..kb.matches import Inference
 from ..kb.loader import KnowledgeBase
 from .combined import combined_gain
@@ -15,6 +16,8 @@ from .report import CombinedGain, Finding, RankSummary, Unexplained
 from .unexplained import unexplained
 from .whatif_index import whatif_index
 
+JOB_GAIN_MAX_RANKS = 256
+
 
 def diagnose(inf: Inference, kb: KnowledgeBase, platform: str, replay: dict, *, rank: int | None = None,
              top: int | None = None, summary: Sequence[RankSummary] = ()
@@ -22,12 +25,15 @@ def diagnose(inf: Inference, kb: KnowledgeBase, platform: str, replay: dict, *, 
     """Findings ranked, nested where they claim the same time, filtered to a rank and cut to the
     first ``top``; the gain of the first fixes together; the bottlenecks no finding explains, each
     with its component's share as ``summary`` (the report's breakdown rows) gives it."""
-    findings, plans = findings_and_plans(inf, kb, platform)
+    # the job's replay reads every rank's replay state back and replays the changed ones per finding:
+    # past this many ranks findings keep the median rank's gain (the job_replay fact has no limit)
+    job = job_state(replay) if 1 < len(replay) <= JOB_GAIN_MAX_RANKS else None
+    findings, plans = findings_and_plans(inf, kb, platform, job)
     findings = merge_findings(findings, whatif_index(inf, kb), explains_of(kb))
     if rank is not None:
         findings = [f for f in findings if not f.ranks or rank in f.ranks]
         plans = {k: [g for g in v if g.rank in (rank, None)] for k, v in plans.items()}
-    combined = combined_gain(findings, plans, replay, breakdowns(inf.facts))
+    combined = combined_gain(findings, plans, replay, breakdowns(inf.facts), job=job)
     left = unexplained(inf, kb, findings, platform, summary)
     if rank is not None:
         left = [u for u in left if not u.ranks or rank in u.ranks]

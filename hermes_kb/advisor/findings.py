@@ -19,7 +19,9 @@ from ..kb.models import Case
 from ..trace.kineto.reader import LINKED_SHARE
 from .calibration import Calibrated, Calibration, calibrate
 from .calibration import load as load_calibration
+from ..analysis.job import JobState
 from .explain import explain
+from .job_gains import job_gain, note_of
 from .gains import MatchGain, breakdowns, gain_rank, match_gain, mean_steps, step_windows
 from .ranking import merge_findings
 from .report import SEVERITY_ORDER, EvidenceItem, Finding, OptimizationAdvice, Removable, Speedup
@@ -141,8 +143,10 @@ def whatif_targets(inf: Inference, kb: KnowledgeBase, platform: str) -> set[tupl
             for m in ms}  # fmt: skip
 
 
-def findings_and_plans(inf: Inference, kb: KnowledgeBase, platform: str) -> tuple[list[Finding], dict[str, list[MatchGain]]]:
-    """One finding per case, and per case the gains of its matches (for the combined replay)."""
+def findings_and_plans(inf: Inference, kb: KnowledgeBase, platform: str, job: JobState | None = None
+                       ) -> tuple[list[Finding], dict[str, list[MatchGain]]]:  # fmt: skip
+    """One finding per case, and per case the gains of its matches (for the combined replay).
+    ``job``: the ranks joined at their collectives; a replayed finding then states the job's gain."""
     cases = {e.item.id: e.item for e in kb.cases}
     windows = step_windows(inf.facts)
     step_means = mean_steps(windows)
@@ -170,6 +174,14 @@ def findings_and_plans(inf: Inference, kb: KnowledgeBase, platform: str) -> tupl
         rm_hi = statistics.median(g.per_step(g.hi) for g in gains)
         sp_lo = t / max(t - rm_lo, 1e-9)
         sp_hi = t / max(t - rm_hi, 1e-9)
+        jg = job_gain(gains, job, Speedup(low=round(sp_lo, 3), high=round(sp_hi, 3))) if job is not None else None
+        job_note = ""
+        if jg is not None:
+            # the job's step and what the fix removes from it replace the median rank's
+            jgain, rm_lo, rm_hi = jg
+            t = jgain.step_time_us
+            sp_lo, sp_hi = t / max(t - rm_lo, 1e-9), t / max(t - rm_hi, 1e-9)
+            job_note = note_of(jgain, job.steps)
         share = r / t
         # at stake: what the fix can remove at best, as a share of the step
         severity = severity_of(rm_hi / t)
@@ -196,7 +208,7 @@ def findings_and_plans(inf: Inference, kb: KnowledgeBase, platform: str) -> tupl
         assumption = (f"{case.gain.assumption.strip()} Measured: {r / 1e3:,.2f} ms per step ({share:.0%} of a "
                       f"{t / 1e3:,.2f} ms step; median over {len(gains)} match(es)).{window} {typical.note} Removable: "
                       f"{rm_lo / 1e3:,.2f}-{rm_hi / 1e3:,.2f} ms per step; speedup = step time / (step time - removed)."
-                      f"{unlinked_note}")  # fmt: skip
+                      f"{job_note}{unlinked_note}")  # fmt: skip
         speedup = Speedup(low=round(sp_lo, 3), high=round(sp_hi, 3))
         removable = Removable(low=round(rm_lo, 3), high=round(rm_hi, 3))
         profile_only = tuple(case.gain.fraction) == (0.0, 0.0)  # about the profile itself: nothing to calibrate
@@ -220,6 +232,7 @@ def findings_and_plans(inf: Inference, kb: KnowledgeBase, platform: str) -> tupl
                 share_of_step_ratio=round(min(share, 1.0), 4),
                 removable_us=removable,
                 replayed=case.gain.whatif is not None and "Replayed" in typical.note,
+                job=jg[0] if jg is not None else None,
                 profile_only=profile_only,
                 whatif_target=case.gain.whatif.target if case.gain.whatif is not None else None,
                 component=component_of(case),

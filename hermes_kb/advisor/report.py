@@ -56,6 +56,19 @@ class OptimizationAdvice(BaseModel):
     risk: str
 
 
+class JobGain(BaseModel):
+    """A finding's gain to the job: the ranks joined at their collectives and replayed with the fix
+    on the ranks it was found on (docs/advice.md, "Job-level gains")."""
+
+    step_time_us: float = Field(description="the job's step in the join (the analysed steps repeated until it settles)")
+    removable_us: Removable = Field(description="per step, what the fix removes from the job's step (model)")
+    speedup: Speedup = Field(description="the job's step speedup (model, before calibration)")
+    per_rank_speedup: Speedup = Field(description="the median matched rank's own replay, for reference: what the rank "
+                                      "alone would gain, waits for its peers counted as its own work")
+    ranks_changed: list[int] = Field(description="ranks whose sets were shortened in the join")
+    ranks_joined: int = Field(description="ranks in the join")
+
+
 class Finding(BaseModel):
     case_id: str
     title: str
@@ -94,6 +107,9 @@ class Finding(BaseModel):
         description="findings whose fix acts mostly on the same critical-path time as this one: other explanations "
         "or narrower fixes of the same time, not gains to add to this one",
     )
+    job: JobGain | None = Field(
+        default=None, description="on a job of several ranks, the gain to the job: expected_speedup is this one "
+        "(calibrated); null where the finding's gain is not replayed or the ranks share no matched collective")
     within: bool = Field(
         default=False,
         description="listed under another finding whose events hold most of this one's time while this one's hold "
@@ -171,6 +187,26 @@ class SlowRank(BaseModel):
     value_us: float | None = Field(default=None, description="the slow rank's value of that measure, per step")
     excess_us: float | None = Field(default=None, description="how much more than the typical rank, per step")
     note: str = ""
+
+
+class JobSummary(BaseModel):
+    """The job's ranks joined at their collectives (analyzers/whatif/job.py), per step."""
+
+    ranks: int
+    step_us: float = Field(description="the job's step in the join (the analysed steps repeated until it settles)")
+    recorded_step_us: float = Field(description="the median rank's recorded step")
+    model_error: float = Field(description="(step_us - recorded_step_us) / recorded_step_us")
+    slowest_rank: int = Field(description="the rank with the longest step had it never waited for a peer")
+    slowest_free_us: float
+    median_free_us: float
+    straggler_cost_us: float = Field(description="how much shorter the job's step gets with the slowest rank at the "
+                                     "median rank's pace")
+    gpu_hours_per_1000_steps: float
+    top_holder_rank: int = Field(description="the rank that arrives last at the collectives most often")
+    top_holder_share_ratio: float
+    holding_stage: int | None = None
+    stage_balance_gain_us: float | None = None
+    statement: str = Field(description="the above in one sentence, as the text reports print it")
 
 
 class RankSummary(BaseModel):
@@ -255,6 +291,8 @@ class Report(BaseModel):
         default_factory=list, description="what the answer left out or is less sure of, one short phrase each, shown "
         "in the headline (the warnings say more): inputs not read, captures of another run, empty stretched or "
         "outlier steps left out, a device-only trace, ranks whose kernels link to no launch call")
+    job: JobSummary | None = Field(default=None, description="a job of several ranks: its ranks joined at their "
+                                   "collectives (fact job_replay), the straggler's cost and who holds the collectives")
     slow_ranks: list[SlowRank] = Field(default_factory=list, description="the slow rank of each communication "
                                        "domain, where a fact found one (CLI: html, json)")  # fmt: skip
 

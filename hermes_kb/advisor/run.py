@@ -25,6 +25,7 @@ from .diagnose import diagnose
 from .findings import evidence_by_rank, partly_linked_ranks, unlinked_ranks, whatif_targets
 from .knowledge import knowledge_base
 from .on_demand import replay_needed
+from .job_gains import job_summary
 from .qualify import qualifications
 from .report import EvidenceItem, Inputs, KbInfo, RankSummary, Report, SampleInfo
 from .summary import phases_summary, rank_summaries
@@ -89,6 +90,7 @@ def _advised(a: Analysed, kb: KnowledgeBase, *, engine: EngineName, top: int | N
         notes=a.notes,
         qualifications=qualifications(a.facts, a.warnings, skipped=len(a.inputs.skipped), left_out=a.left_out,
                                       unlinked=unlinked_ranks(wi := whatif_index(inf, kb)), partly=partly_linked_ranks(wi)),
+        job=job_summary(of_kinds(a.facts, ("job_replay",))) if rank is None else None,
     )
     rank_evidence = evidence_by_rank(inf, kb, a.platform, [f.case_id for f in findings])
     return Advised(report=report, facts=facts, bundle=a.bundle, run=a.run, rank_evidence=rank_evidence)

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..analyzers.whatif.job_forms import job_part
 from ..analyzers.whatif.replay import SimModel, evaluate, removed_at, removed_together, replay_targets
 
 
@@ -24,6 +25,7 @@ class ReplayState:
     drop_waits: set[str]  # targets whose fix removes the waits themselves
     critical: dict[str, float] | None = None  # target -> µs on the critical chain (deferred replays only)
     deferred: bool = False  # the replays wait for the advisor (advisor/on_demand.py)
+    job: Any = None  # analyzers.whatif.job_forms.JobPart: the rank's collectives in its graph (job.py)
 
 
 def replay_state(shared: Any, *, with_deferral: bool = True) -> ReplayState | None:
@@ -31,10 +33,11 @@ def replay_state(shared: Any, *, with_deferral: bool = True) -> ReplayState | No
     model = shared.get("whatif_model")
     if model is None:
         return None
+    part = job_part(shared)
     if not with_deferral:
-        return ReplayState(model, shared.get("whatif_amounts", {}), shared.get("whatif_drops", set()))
+        return ReplayState(model, shared.get("whatif_amounts", {}), shared.get("whatif_drops", set()), job=part)
     return ReplayState(model, shared.get("whatif_amounts", {}), shared.get("whatif_drops", set()),
-                       shared.get("whatif_critical"), bool(shared.get("whatif_defer")))  # fmt: skip
+                       shared.get("whatif_critical"), bool(shared.get("whatif_defer")), part)  # fmt: skip
 
 
 def removed_by(state: ReplayState, amounts: np.ndarray, fraction: float, drop_waits: bool = False) -> float:

@@ -19,11 +19,15 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
+from ..analyzers.whatif.job_forms import TABLE_COLUMNS, JobAnchors, JobPart
 from .replay import ReplayState, SimModel
 
 _AMOUNT = "amount:"
 _FIELD = "field:"
+_JOB = "job:"
+_TABLE = "job_table:"
 
 
 def pack(state: Any) -> bytes:
@@ -48,6 +52,14 @@ def pack(state: Any) -> bytes:
     arrays["scalars"] = np.array([[k, repr(float(v)) if isinstance(v, float) else str(int(v)),
                                    "f" if isinstance(v, float) else "i"] for k, v in scalars.items()])  # fmt: skip
     arrays["drops"] = np.array(sorted(state.drop_waits), dtype=str)
+    part = getattr(state, "job", None)
+    if part is not None:
+        for f in dataclasses.fields(part.anchors):
+            arrays[_JOB + f.name] = getattr(part.anchors, f.name)
+        for c in TABLE_COLUMNS:
+            col = part.table[c].to_numpy()
+            arrays[_TABLE + c] = col.astype(str) if col.dtype == object else col
+        arrays["job_steps"] = np.array([part.steps], dtype=np.int64)
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     return buf.getvalue()
@@ -68,7 +80,12 @@ def _unpack(fh) -> Any:
         for name, text, kind in z["scalars"].tolist():
             kw[name] = float(text) if kind == "f" else int(text)
         drops = set(z["drops"].tolist())
-    return ReplayState(SimModel(**kw), amounts, drops)
+        part = None
+        if "job_steps" in z.files:
+            anchors = JobAnchors(**{f.name: z[_JOB + f.name] for f in dataclasses.fields(JobAnchors)})
+            table = pd.DataFrame({c: z[_TABLE + c] for c in TABLE_COLUMNS})
+            part = JobPart(anchors, table, int(z["job_steps"][0]))
+    return ReplayState(SimModel(**kw), amounts, drops, job=part)
 
 
 class SpilledReplay(Mapping):

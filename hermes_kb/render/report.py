@@ -113,9 +113,14 @@ def template_env(terminal: bool) -> jinja2.Environment:
     return env
 
 
-def slowest_row(rows: list[dict]) -> dict:
-    """The rank whose mean step is longest: in a job whose ranks synchronise, it sets the pace, so
-    the headline names what holds the step there (ties: the lowest rank)."""
+def slowest_row(rows: list[dict], job=None) -> dict:
+    """The rank that sets the job's pace, so that the headline names what holds the step there:
+    with the ranks joined at their collectives (``job``), the one with the longest step had it
+    never waited for a peer; else the one whose mean step is longest (ties: the lowest rank)."""
+    if job is not None:
+        row = next((r for r in rows if r["rank"] == job.slowest_rank), None)
+        if row is not None:
+            return row
     return max(rows, key=lambda r: (r["mean_ms"], -r["rank"]))
 
 
