@@ -176,19 +176,27 @@ def vmax(a, b, arrival: dict):
         return a
     if not da:
         a, b, db = b, a, False
+    # pruning only keeps forms small (every entry kept is a true lower bound), so it runs only
+    # where an entry is new, not where one only moved later
     if not db:  # a plain time against a form: it matters only where it is later than the form's own
-        if a.get(FREE, float("-inf")) >= b:
+        old = a.get(FREE)
+        if old is not None and old >= b:
             return a
         d = dict(a)
         d[FREE] = b
-        return _prune(d, arrival)
+        return d if old is not None else _prune(d, arrival)
     d = None
+    grew = False
     for k, v in b.items():
-        if a.get(k, float("-inf")) < v:
+        old = a.get(k)
+        if old is None or old < v:
             if d is None:
                 d = dict(a)
             d[k] = v
-    return a if d is None else _prune(d, arrival)
+            grew = grew or old is None
+    if d is None:
+        return a
+    return _prune(d, arrival) if grew else d
 
 
 def vadd(a, c: float):
@@ -243,9 +251,17 @@ def rank_forms(m: SimModel, an: JobAnchors, shrink: np.ndarray | None = None,
             r = E[p]
         p = xs[i]
         if p >= 0:
-            r = vmax(r, E[p], arrival) if r != ninf else E[p]
+            v = E[p]
+            if r is ninf:
+                r = v
+            elif type(r) is float and type(v) is float:
+                r = r if r >= v else v
+            else:
+                r = vmax(r, v, arrival)
         return r
 
+    # the loop of replay.replay on forms; plain floats take the plain path (most nodes before the
+    # first collective, every node of a rank that has none)
     for i in m.order:
         if not started[i]:
             started[i] = 1
@@ -259,22 +275,38 @@ def rank_forms(m: SimModel, an: JobAnchors, shrink: np.ndarray | None = None,
                         sp = sl[p]
                         if sp == sp:
                             S[p] = vadd(start_of(p), sp)
-                    v = vadd(S[p], lo[i])
-                    r = v if r == ninf else vmax(r, v, arrival)
-                S[i] = vadd(r, s)
+                    v = S[p]
+                    c = lo[i]
+                    if type(v) is float:
+                        v = v + c
+                        if r is ninf or (type(r) is float and v >= r):
+                            r = v
+                        elif type(r) is not float:
+                            r = vmax(r, v, arrival)
+                    else:
+                        v = vadd(v, c)
+                        r = v if r is ninf else vmax(r, v, arrival)
+                S[i] = r + s if type(r) is float else vadd(r, s)
+        si = S[i]
         if i in arrive_at:
             for k, off in arrive_at[i]:
-                arrival[k] = vadd(S[i], min(off, W[i]) if W[i] > 0 else off)
+                arrival[k] = vadd(si, min(off, W[i]) if W[i] > 0 else off)
         if i in carrier:
-            e = S[i]
+            e = si
             for k, off in carrier[i]:
                 e = vmax(e, {k: off}, arrival)
             E[i] = e
             continue
-        e = vadd(S[i], W[i])
+        e = si + W[i] if type(si) is float else vadd(si, W[i])
         p = xe_live[i]
         if p >= 0:
-            e = vmax(e, vadd(E[p], xo[i]), arrival)
+            v = E[p]
+            if type(v) is float and type(e) is float:
+                v = v + xo[i]
+                if v > e:
+                    e = v
+            else:
+                e = vmax(e, vadd(v, xo[i]), arrival)
         E[i] = e
     a, off = m.anchors[0]
     first = vadd(S[a], min(off, max(float(m.end0[a] - m.start0[a]), 0.0))) if m.anchors else 0.0
