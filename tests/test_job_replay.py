@@ -70,6 +70,7 @@ def test_join_reproduces_the_recording_and_prices_the_straggler(tmp_path):
     assert f.straggler_cost_us == pytest.approx(600.0, abs=0.5)
     assert f.gpu_hours_per_1000_steps == pytest.approx(600e-6 * 3 * 1000 / 3600, rel=1e-3)
     assert f.top_holder_rank == 2 and f.top_holder_share_ratio == 1.0 and f.holders_count == {2: 1}
+    assert f.group_holder == {"0/all_reduce": 2} and f.group_holder_share == {"0/all_reduce": 1.0}
 
 
 def test_an_imbalanced_pipeline_names_its_stage(tmp_path):

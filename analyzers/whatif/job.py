@@ -261,6 +261,13 @@ def job_replay(job: Job, forms: dict[int, RankForms], facts: list) -> JobReplay:
     top = int(counts.index[0]) if len(counts) else -1
     holders = {int(k): int(v) for k, v in counts.head(MAX_LISTED).items()}
     stage_fields = _stages(job, forms, joined, free, facts)
+    by_group: dict[str, dict[int, int]] = {}
+    for g, h in zip(job.group, joined.holder):
+        if h >= 0:
+            by_group.setdefault(g, {}).setdefault(h, 0)
+            by_group[g][h] += 1
+    group_top = {g: max(c, key=lambda r: (c[r], -r)) for g, c in by_group.items()}
+    group_share = {g: c[group_top[g]] / sum(c.values()) for g, c in by_group.items()}
     slowest_free = free[slow]
     return JobReplay(
         ranks_count=len(job.ranks), chain_ranks_count=sum(1 for r in job.ranks if forms[r].chain),
@@ -273,6 +280,8 @@ def job_replay(job: Job, forms: dict[int, RankForms], facts: list) -> JobReplay:
         gpu_hours_per_1000_steps=cost / n * 1e-6 * len(job.ranks) * 1000 / 3600,
         holders_count=holders, top_holder_rank=top,
         top_holder_share_ratio=(int(counts.iloc[0]) / len(job.members)) if len(counts) else 0.0,
+        group_holder=dict(sorted(group_top.items())[:MAX_LISTED]),
+        group_holder_share=dict(sorted(group_share.items())[:MAX_LISTED]),
         **stage_fields,
         evidence=Evidence(
             events=sorted(set(job.group))[:5],

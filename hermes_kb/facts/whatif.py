@@ -100,6 +100,12 @@ class JobReplay(Fact):
         default_factory=dict)
     top_holder_rank: int = Field(description="the rank that arrived last most often")
     top_holder_share_ratio: float = ratio("share of the instances it held")
+    group_holder: dict[str, int] = Field(
+        default_factory=dict, description="per process group and collective kind ('group/kind', 10 first): the rank "
+        "that arrived last most often")
+    group_holder_share: dict[str, float] = measure(
+        "ratio", "per process group and collective kind: the share of its instances that rank held",
+        default_factory=dict, ge=None, le=None)
     holding_stage: int | None = measure(
         "count", "pipeline-parallel jobs: the stage whose ranks held the most instances", default=None)
     stage_free_us: dict[int, float] = us(
