@@ -164,6 +164,9 @@ def join(job: Job, forms: dict[int, RankForms], delay: dict[int, float] | None =
             t = evaluate(forms[rk].arrival[k], getters[rk], delay.get(rk, 0.0)) + job.shift[rk]
             if t > best:
                 best, who = t, rk
+        if who < 0:  # no member's arrival is known (a form that never came up): as recorded
+            E[i] = before[i]
+            continue
         E[i] = best + xfer[i]
         holder[i] = who
     start = {r: evaluate(forms[r].start, getters[r], delay.get(r, 0.0)) + job.shift[r] for r in job.ranks}

@@ -9,7 +9,7 @@ from ..analysis.job import job_state
 from ..kb.matches import Inference
 from ..kb.loader import KnowledgeBase
 from .combined import combined_gain
-from .findings import explains_of, findings_and_plans
+from .findings import explains_of, findings_and_plans, whatif_targets
 from .gains import breakdowns
 from .ranking import merge_findings
 from .report import CombinedGain, Finding, RankSummary, Unexplained
@@ -27,7 +27,9 @@ def diagnose(inf: Inference, kb: KnowledgeBase, platform: str, replay: dict, *, 
     with its component's share as ``summary`` (the report's breakdown rows) gives it."""
     # the job's replay reads every rank's replay state back and replays the changed ones per finding:
     # past this many ranks findings keep the median rank's gain (the job_replay fact has no limit)
-    job = job_state(replay) if 1 < len(replay) <= JOB_GAIN_MAX_RANKS else None
+    job = None
+    if 1 < len(replay) <= JOB_GAIN_MAX_RANKS:
+        job = job_state(replay, {t for _, t in whatif_targets(inf, kb, platform)})
     findings, plans = findings_and_plans(inf, kb, platform, job)
     findings = merge_findings(findings, whatif_index(inf, kb), explains_of(kb))
     if rank is not None:

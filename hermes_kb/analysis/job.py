@@ -4,6 +4,7 @@ some ranks (docs/advice.md, "Job-level gains")."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,13 +33,16 @@ class JobState:
         return self.period / self.job.steps
 
 
-def job_state(replay: Mapping[int, Any]) -> JobState | None:
+def job_state(replay: Mapping[int, Any], targets: set[str] | None = None) -> JobState | None:
     """The job's join from the ranks' replay states; None with fewer than two ranks that share a
-    matched collective."""
+    matched collective. ``targets``: the only sets job_removed will be asked about (the others'
+    per-node amounts are not kept)."""
     parts = {}
     for r in replay:
         s = replay[r]
         if getattr(s, "job", None) is not None:
+            if targets is not None:
+                s = dataclasses.replace(s, amounts={t: a for t, a in s.amounts.items() if t in targets})
             parts[r] = s
     if len(parts) < 2:
         return None
@@ -65,13 +69,20 @@ def job_removed(js: JobState, changes: Mapping[int, list[tuple[np.ndarray, float
         st = js.states.get(r)
         if r not in forms or st is None or not parts:
             continue
-        shrink, drop = together(st.model, parts)
-        forms[r] = rank_forms(st.model, st.job.anchors, shrink, drop)
-        # a set holding the collectives themselves (a faster transfer) shortens their instances:
-        # by the largest share any member's collective loses
-        an, own = st.job.anchors, st.model.own
-        frac = np.where(own[an.carrier_node] > 0, np.minimum(shrink[an.carrier_node] / np.where(own[an.carrier_node] > 0, own[an.carrier_node], 1.0), 1.0), 0.0)
-        for k, f in zip(an.carrier_of.tolist(), frac.tolist()):
+        rkey = (r, tuple((id(a), round(f, 9), d) for a, f, d in parts))
+        if rkey not in js._memo:
+            shrink, drop = together(st.model, parts)
+            if not shrink.any() and drop is None:
+                js._memo[rkey] = (js.forms[r], np.zeros(0))
+            else:
+                # a set holding the collectives themselves (a faster transfer) shortens their
+                # instances: by the largest share any member's collective loses
+                an, own = st.job.anchors, st.model.own
+                oc = own[an.carrier_node]
+                frac = np.where(oc > 0, np.minimum(shrink[an.carrier_node] / np.where(oc > 0, oc, 1.0), 1.0), 0.0)
+                js._memo[rkey] = (rank_forms(st.model, an, shrink, drop), frac)
+        forms[r], frac = js._memo[rkey]
+        for k, f in zip(st.job.anchors.carrier_of.tolist(), frac.tolist()):
             i = js.job.inst_of[r][k]
             if i >= 0 and f > 0:
                 transfer[i] = min(transfer[i], js.job.transfer[i] * (1.0 - f))
