@@ -216,3 +216,22 @@ def test_a_spilled_state_keeps_its_part_of_the_job(tmp_path):
             pytest.approx(job_removed(js, {2: [(states[2].amounts.get("device_compute", amounts[2]), 0.5, False)]}))
     finally:
         spilled.close()
+
+
+def test_a_failing_join_costs_the_job_view_not_the_report(tmp_path, monkeypatch):
+    """A bug in the join must not take the report with it: findings keep the median rank's gain and
+    the report says why."""
+    import importlib
+
+    from hermes_kb.advisor.run import advise_bundle
+
+    diag = importlib.import_module("hermes_kb.advisor.diagnose")  # the package's name is the function
+
+    def broken(*a, **k):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(diag, "job_state", broken)
+    rep = advise_bundle(hermes_kb.load(job_dir(tmp_path, (300, 400, 1000))))
+    assert all(f.job is None for f in rep.findings)
+    assert any("could not be joined" in w and "injected" in w for w in rep.warnings)
+    assert rep.job is not None  # the job_replay fact is the analyzer's, guarded there

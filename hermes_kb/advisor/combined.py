@@ -81,11 +81,17 @@ def combined_gain(findings: list[Finding], plans: dict[str, list[MatchGain]], re
     hi = statistics.median(x[2] for x in per_rank)
     where = "on each rank's dependency graph"
     how = "median over ranks"
+    joined = None
     if job is not None and job_parts[1]:
+        try:
+            joined = (job_removed(job, job_parts[0]), job_removed(job, job_parts[1]))
+        except Exception as exc:  # a bug in the join costs the combined gain its job view, not the report
+            job.errors.append(f"{type(exc).__name__}: {exc}")
+    if job is not None and joined is not None:
         # the job: every rank's sets shortened at once, the ranks joined at their collectives
         t = job.step_us
-        lo = max(0.0, job_removed(job, job_parts[0])) / job.steps + statistics.median(x[0] for x in job_extra)
-        hi = max(0.0, job_removed(job, job_parts[1])) / job.steps + statistics.median(x[1] for x in job_extra)
+        lo = max(0.0, joined[0]) / job.steps + statistics.median(x[0] for x in job_extra)
+        hi = max(0.0, joined[1]) / job.steps + statistics.median(x[1] for x in job_extra)
         # the components' bound is read off the ranks' own breakdowns, which count their waits for
         # peers as communication; together the fixes still remove at least what the best one does
         best = max((f.job.removable_us.high for f in chosen if f.job is not None), default=0.0)

@@ -20,16 +20,23 @@ JOB_GAIN_MAX_RANKS = 256
 
 
 def diagnose(inf: Inference, kb: KnowledgeBase, platform: str, replay: dict, *, rank: int | None = None,
-             top: int | None = None, summary: Sequence[RankSummary] = ()
+             top: int | None = None, summary: Sequence[RankSummary] = (), warnings: list[str] | None = None
              ) -> tuple[list[Finding], CombinedGain | None, list[Unexplained]]:  # fmt: skip
     """Findings ranked, nested where they claim the same time, filtered to a rank and cut to the
     first ``top``; the gain of the first fixes together; the bottlenecks no finding explains, each
-    with its component's share as ``summary`` (the report's breakdown rows) gives it."""
+    with its component's share as ``summary`` (the report's breakdown rows) gives it. A job-level
+    gain that could not be computed is said in ``warnings``."""
     # the job's replay reads every rank's replay state back and replays the changed ones per finding:
     # past this many ranks findings keep the median rank's gain (the job_replay fact has no limit)
     job = None
     if 1 < len(replay) <= JOB_GAIN_MAX_RANKS:
-        job = job_state(replay, {t for _, t in whatif_targets(inf, kb, platform)})
+        try:
+            job = job_state(replay, {t for _, t in whatif_targets(inf, kb, platform)})
+        except Exception as exc:  # a bug in the join must cost the job-level gains only, not the report
+            job = None
+            if warnings is not None:
+                warnings.append(f"the ranks could not be joined at their collectives ({type(exc).__name__}: {exc}); "
+                                "findings give the median rank's gain")
     findings, plans = findings_and_plans(inf, kb, platform, job)
     findings = merge_findings(findings, whatif_index(inf, kb), explains_of(kb))
     if rank is not None:
@@ -41,6 +48,9 @@ def diagnose(inf: Inference, kb: KnowledgeBase, platform: str, replay: dict, *, 
         left = [u for u in left if not u.ranks or rank in u.ranks]
     if top is not None:
         findings = findings[:top]
+    if job is not None and job.errors and warnings is not None:
+        warnings.append(f"job-level gains failed for {len(job.errors)} finding(s) ({job.errors[0]}); "
+                        "those give the median rank's gain")
     return findings, combined, left
 
 

@@ -21,7 +21,14 @@ def job_gain(gains: list[MatchGain], js: JobState | None, per_rank: Speedup) -> 
             and g.target in js.states[g.rank].amounts]  # fmt: skip
     if not mine:
         return None
+    try:
+        return _job_gain(mine, js, per_rank)
+    except Exception as exc:  # a bug in the join costs this finding its job-level gain, not the report
+        js.errors.append(f"{type(exc).__name__}: {exc}")
+        return None
 
+
+def _job_gain(mine: list[MatchGain], js: JobState, per_rank: Speedup) -> tuple[JobGain, float, float]:
     def changes(end: int) -> dict:
         out: dict = {}
         for g in mine:
@@ -30,6 +37,7 @@ def job_gain(gains: list[MatchGain], js: JobState | None, per_rank: Speedup) -> 
         return out
 
     n = js.steps
+
     def extra(end: int) -> float:
         return statistics.median(g.per_step(g.extra[end]) for g in mine)
 

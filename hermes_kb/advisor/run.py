@@ -77,7 +77,9 @@ def _advised(a: Analysed, kb: KnowledgeBase, *, engine: EngineName, top: int | N
     stage("findings and gains")
     facts = replay_needed(inf, a.facts, a.replay, whatif_targets(inf, kb, a.platform))
     summary = a.summary if rank is None else [s for s in a.summary if s.rank == rank]
-    findings, combined, left = diagnose(inf, kb, a.platform, a.replay, rank=rank, top=top, summary=summary)
+    joined_warnings: list[str] = []
+    findings, combined, left = diagnose(inf, kb, a.platform, a.replay, rank=rank, top=top, summary=summary,
+                                        warnings=joined_warnings)  # fmt: skip
     report = Report(
         hermes_version=__version__,
         inputs=a.inputs,
@@ -86,7 +88,7 @@ def _advised(a: Analysed, kb: KnowledgeBase, *, engine: EngineName, top: int | N
         combined=combined,
         unexplained=left,
         kb=KbInfo(rules=len(kb.active_rules()), cases=len(kb.active_cases()), engine=inf.engine),
-        warnings=a.warnings,
+        warnings=[*a.warnings, *joined_warnings],
         notes=a.notes,
         qualifications=qualifications(a.facts, a.warnings, skipped=len(a.inputs.skipped), left_out=a.left_out,
                                       unlinked=unlinked_ranks(wi := whatif_index(inf, kb)), partly=partly_linked_ranks(wi)),

@@ -23,6 +23,7 @@ class JobState:
     period: float  # the job's analysed steps in the steady join (µs, whole window)
     states: Mapping[int, Any]  # rank -> ReplayState
     _memo: dict = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)  # job-level gains that failed (advisor/job_gains.py)
 
     @property
     def steps(self) -> int:
