@@ -13,6 +13,12 @@ from hermes_kb.facts.base import Evidence
 from hermes_kb.facts.comm import CommSyncWait
 
 
+def occurrence(df: pd.DataFrame) -> pd.Series:
+    """Each collective's order among its group's collectives of that kind and source within the
+    step: what matches an instance across ranks where no sequence number is recorded."""
+    return df.groupby(["pg", "pg_ranks", "kind", "source", "step"], sort=False).cumcount()
+
+
 def instances(digests: dict) -> pd.DataFrame:
     """Every rank's collectives (the digests' rows) in one frame, with the rank and ``occ``, the
     order of each among its group's collectives of that kind and source within the step."""
@@ -23,7 +29,7 @@ def instances(digests: dict) -> pd.DataFrame:
             continue
         d = df[["pg", "pg_ranks", "kind", "source", "step", "ts", "dur", "seq", "n", "name", "msg_bytes"]].copy()
         d["rank"] = r
-        d["occ"] = d.groupby(["pg", "pg_ranks", "kind", "source", "step"], sort=False).cumcount()
+        d["occ"] = occurrence(d)
         parts.append(d)
     if not parts:
         return pd.DataFrame()
@@ -113,4 +119,4 @@ def sync_wait(
     )
 
 
-__all__ = ["instances", "sync_wait"]
+__all__ = ["instances", "occurrence", "sync_wait"]

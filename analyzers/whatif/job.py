@@ -27,6 +27,7 @@ from hermes_kb.facts.base import Evidence
 from hermes_kb.facts.whatif import JobReplay
 
 from ..comm.pipeline import pipeline_stages
+from ..comm.sync import occurrence
 from .job_forms import FREE, RankForms, evaluate
 
 ALIGN_ROUNDS = 3
@@ -60,7 +61,7 @@ def build_job(tables: dict[int, pd.DataFrame], forms: dict[int, RankForms], step
         if df is None or not len(df) or not f.rows:
             continue
         d = df[["pg", "pg_ranks", "kind", "source", "step", "ts", "dur", "seq"]].copy()
-        d["occ"] = d.groupby(["pg", "pg_ranks", "kind", "source", "step"], sort=False).cumcount()
+        d["occ"] = occurrence(d)
         d = d.iloc[f.rows].copy()
         d["rank"] = r
         d["k"] = np.arange(len(f.rows))
@@ -114,22 +115,16 @@ def build_job(tables: dict[int, pd.DataFrame], forms: dict[int, RankForms], step
 
 @dataclass
 class Joined:
-    start: dict[int, float]  # rank -> its first analysed step's start, on the job clock
-    stop: dict[int, float]  # rank -> its last analysed step's end
+    stop: dict[int, float]  # rank -> its last analysed step's end, on the job clock
     holder: list[int]  # per instance: the rank that arrived last
     end: list[float]  # per instance: its end on the job clock
     period: float = 0.0  # the analysed steps' length in the steady state (steady())
-
-    @property
-    def job_span(self) -> float:
-        """From the last rank's start of the analysed steps to the last rank's end of them."""
-        return max(self.stop.values()) - max(self.start.values())
 
 
 def join(job: Job, forms: dict[int, RankForms], delay: dict[int, float] | None = None,
          fallback: list[float] | None = None, transfer: list[float] | None = None) -> Joined:  # fmt: skip
     """Every instance in order of its recorded end: its end is the latest member's arrival plus
-    its transfer; then each rank's start and end of the analysed steps. ``delay`` moves a rank's
+    its transfer; then each rank's end of the analysed steps. ``delay`` moves a rank's
     plain times (its own work began that much later); a form naming an instance not yet joined
     (clock skew) takes its ``fallback`` end (default: recorded); a collective matched on no peer
     keeps its own recorded duration after its arrival. ``transfer``: the instances' transfer
@@ -169,9 +164,8 @@ def join(job: Job, forms: dict[int, RankForms], delay: dict[int, float] | None =
             continue
         E[i] = best + xfer[i]
         holder[i] = who
-    start = {r: evaluate(forms[r].start, getters[r], delay.get(r, 0.0)) + job.shift[r] for r in job.ranks}
     stop = {r: evaluate(forms[r].end, getters[r], delay.get(r, 0.0)) + job.shift[r] for r in job.ranks}
-    return Joined(start=start, stop=stop, holder=holder, end=[float(e) for e in E])  # type: ignore[arg-type]
+    return Joined(stop=stop, holder=holder, end=[float(e) for e in E])  # type: ignore[arg-type]
 
 
 STEADY_ROUNDS = 12  # the analysed steps repeated this many times

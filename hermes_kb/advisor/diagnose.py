@@ -29,9 +29,10 @@ def diagnose(inf: Inference, kb: KnowledgeBase, platform: str, replay: dict, *, 
     # the job's replay reads every rank's replay state back and replays the changed ones per finding:
     # past this many ranks findings keep the median rank's gain (the job_replay fact has no limit)
     job = None
-    if 1 < len(replay) <= JOB_GAIN_MAX_RANKS:
+    targets = {t for _, t in whatif_targets(inf, kb, platform)} if 1 < len(replay) <= JOB_GAIN_MAX_RANKS else set()
+    if targets:  # no matched case replays a set: nothing would ask the join
         try:
-            job = job_state(replay, {t for _, t in whatif_targets(inf, kb, platform)})
+            job = job_state(replay, targets)
         except Exception as exc:  # a bug in the join must cost the job-level gains only, not the report
             job = None
             if warnings is not None:

@@ -174,7 +174,7 @@ def findings_and_plans(inf: Inference, kb: KnowledgeBase, platform: str, job: Jo
         rm_hi = statistics.median(g.per_step(g.hi) for g in gains)
         sp_lo = t / max(t - rm_lo, 1e-9)
         sp_hi = t / max(t - rm_hi, 1e-9)
-        jg = job_gain(gains, job, Speedup(low=round(sp_lo, 3), high=round(sp_hi, 3))) if job is not None else None
+        jg = job_gain(gains, job, Speedup(low=round(sp_lo, 3), high=round(sp_hi, 3)))
         job_note = ""
         if jg is not None:
             # the job's step and what the fix removes from it replace the median rank's
